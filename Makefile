@@ -1,0 +1,29 @@
+# pyhpc: `make` lists the targets. The two commands of the README are
+# `make deploy` and `make test`; each works on its own on a fresh machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INVENTORY ?= ansible/inventories/lab
+CLUSTER ?= $(INVENTORY)/cluster.yml
+ANSIBLE_FLAGS ?=
+PYTEST_FLAGS ?=
+export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy containers clean
+
+help: ## Print this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+venv: $(VENV)/.stamp ## Create the control-node virtualenv (reruns only when requirements change).
+
+$(VENV)/.stamp: requirements/runtime.txt requirements/dev.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements/dev.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -m pip install -q --no-deps -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -c "import torch, submitit, ansible, pyhpc"
+	touch $@

@@ -1,0 +1,271 @@
+"""The cluster definition: one YAML file, validated here and nowhere else.
+
+Ansible calls ``python -m pyhpc cluster validate --json FILE`` before it changes
+any host and deploys from the normalised JSON it prints; the CLI and the job
+submission code load the same file through :func:`load`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(Exception):
+    """The cluster definition is invalid; the message names the key."""
+
+
+MODES = ("lab", "hosts")
+RUNTIMES = ("podman", "apptainer", "enroot")
+GPU_DETECT = ("files", "nvml")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+
+TOP_KEYS = {
+    "name": "cluster name (lower-case letters, digits, '-', '_')",
+    "mode": f"one of {', '.join(MODES)}",
+    "accounting": "true or false",
+    "container_runtime": f"one of {', '.join(RUNTIMES)}",
+    "lab": "settings for mode: lab",
+    "nodes": "list of node groups",
+    "partitions": "list of partitions",
+    "accounts": "list of accounts",
+}
+LAB_KEYS = {"slurmd_base_port": "first port of the emulated slurmd daemons"}
+NODE_KEYS = {
+    "name": "node name, or name prefix when count is given",
+    "count": "number of nodes named <name>1..<name>N",
+    "cpus": "CPUs per node",
+    "memory_mb": "memory per node in MiB",
+    "gpus": "GPUs per node",
+    "gpu_type": "GPU type for GRES (e.g. h100)",
+    "gpu_detect": f"one of {', '.join(GPU_DETECT)}",
+}
+PARTITION_KEYS = {
+    "name": "partition name",
+    "nodes": "list of node names",
+    "default": "true for the default partition",
+    "max_time": "time limit, Slurm syntax (e.g. 1-00:00:00 or UNLIMITED)",
+}
+ACCOUNT_KEYS = {"name": "account name", "users": "list of user names"}
+TIME_RE = re.compile(r"^(UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$")
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpus: int
+    memory_mb: int
+    gpus: int = 0
+    gpu_type: str | None = None
+    gpu_detect: str = "files"
+    port: int = 6818
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: tuple[str, ...]
+    default: bool = False
+    max_time: str = "UNLIMITED"
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    mode: str
+    accounting: bool
+    container_runtime: str
+    nodes: tuple[Node, ...]
+    partitions: tuple[Partition, ...]
+    accounts: tuple[Account, ...] = field(default_factory=tuple)
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def partition(self, name: str) -> Partition:
+        for part in self.partitions:
+            if part.name == name:
+                return part
+        allowed = ", ".join(p.name for p in self.partitions)
+        raise ConfigError(f"partition: unknown partition {name!r}; allowed: {allowed}")
+
+    @property
+    def default_partition(self) -> Partition:
+        return next(p for p in self.partitions if p.default)
+
+    def partition_gpus(self, name: str) -> int:
+        """GPUs per node that every node of the partition has (0 if any has none)."""
+        return min(self.node(n).gpus for n in self.partition(name).nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_keys(where: str, data: Any, allowed: dict[str, str], required: tuple[str, ...]) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(
+                f"{where}.{key}: unknown key; allowed: {', '.join(sorted(allowed))}"
+            )
+    for key in required:
+        if key not in data:
+            raise ConfigError(f"{where}.{key}: required key is missing ({allowed[key]})")
+
+
+def _int(where: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        rule = "a positive integer" if minimum > 0 else "an integer >= 0"
+        raise ConfigError(f"{where}: must be {rule}, got {value!r}")
+    return value
+
+
+def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _name(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ConfigError(
+            f"{where}: {value!r} is not a valid name; use lower-case letters, digits, "
+            "'-' and '_', starting with a letter"
+        )
+    return value
+
+
+def _bool(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false, got {value!r}")
+    return value
+
+
+def _str_list(where: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: must be a list of names, got {value!r}")
+    return value
+
+
+def _nodes(data: Any, mode: str, base_port: int) -> tuple[Node, ...]:
+    if not isinstance(data, list) or not data:
+        raise ConfigError("nodes: must be a non-empty list of node groups")
+    nodes: list[Node] = []
+    for i, group in enumerate(data):
+        where = f"nodes[{i}]"
+        _check_keys(where, group, NODE_KEYS, ("name", "cpus", "memory_mb"))
+        name = _name(f"{where}.name", group["name"])
+        count = _int(f"{where}.count", group["count"], 1) if "count" in group else None
+        names = [f"{name}{k}" for k in range(1, count + 1)] if count else [name]
+        for node_name in names:
+            port = base_port + len(nodes) if mode == "lab" else 6818
+            nodes.append(Node(
+                name=node_name,
+                cpus=_int(f"{where}.cpus", group["cpus"], 1),
+                memory_mb=_int(f"{where}.memory_mb", group["memory_mb"], 1),
+                gpus=_int(f"{where}.gpus", group.get("gpus", 0), 0),
+                gpu_type=group.get("gpu_type"),
+                gpu_detect=_choice(f"{where}.gpu_detect", group.get("gpu_detect", "files"),
+                                   GPU_DETECT),
+                port=port,
+            ))
+    seen: set[str] = set()
+    for node in nodes:
+        if node.name in seen:
+            raise ConfigError(f"nodes: duplicate node name {node.name!r}")
+        seen.add(node.name)
+    if mode == "lab" and any(n.gpu_detect == "nvml" for n in nodes):
+        raise ConfigError("nodes.gpu_detect: 'nvml' needs real GPUs; mode: lab allows only 'files'")
+    return tuple(nodes)
+
+
+def _partitions(data: Any, node_names: set[str]) -> tuple[Partition, ...]:
+    if not isinstance(data, list) or not data:
+        raise ConfigError("partitions: must be a non-empty list")
+    parts: list[Partition] = []
+    for i, part in enumerate(data):
+        where = f"partitions[{i}]"
+        _check_keys(where, part, PARTITION_KEYS, ("name", "nodes"))
+        name = _name(f"{where}.name", part["name"])
+        members = _str_list(f"{where}.nodes", part["nodes"])
+        if not members:
+            raise ConfigError(f"{where}.nodes: must name at least one node")
+        for member in members:
+            if member not in node_names:
+                raise ConfigError(
+                    f"{where}.nodes: unknown node {member!r}; known nodes: "
+                    f"{', '.join(sorted(node_names))}"
+                )
+        max_time = str(part.get("max_time", "UNLIMITED"))
+        if not TIME_RE.match(max_time):
+            raise ConfigError(f"{where}.max_time: {max_time!r} is not a Slurm time limit")
+        if name in (p.name for p in parts):
+            raise ConfigError(f"{where}.name: duplicate partition name {name!r}")
+        parts.append(Partition(name, tuple(members),
+                               _bool(f"{where}.default", part.get("default", False)), max_time))
+    defaults = [p.name for p in parts if p.default]
+    if len(defaults) > 1:
+        raise ConfigError(f"partitions.default: only one partition may be default, got {defaults}")
+    if not defaults:
+        first = parts[0]
+        parts[0] = Partition(first.name, first.nodes, True, first.max_time)
+    return tuple(parts)
+
+
+def _accounts(data: Any) -> tuple[Account, ...]:
+    if not isinstance(data, list):
+        raise ConfigError("accounts: must be a list")
+    accounts: list[Account] = []
+    for i, acct in enumerate(data):
+        where = f"accounts[{i}]"
+        _check_keys(where, acct, ACCOUNT_KEYS, ("name",))
+        name = _name(f"{where}.name", acct["name"])
+        if name in (a.name for a in accounts):
+            raise ConfigError(f"{where}.name: duplicate account name {name!r}")
+        users = _str_list(f"{where}.users", acct.get("users", []))
+        accounts.append(Account(name, tuple(users)))
+    return tuple(accounts)
+
+
+def parse(data: Any) -> Cluster:
+    """Validate a loaded YAML document and return the normalised cluster."""
+    _check_keys("cluster", data, TOP_KEYS, ("name", "nodes", "partitions"))
+    mode = _choice("mode", data.get("mode", "hosts"), MODES)
+    lab = data.get("lab", {})
+    _check_keys("lab", lab, LAB_KEYS, ())
+    base_port = _int("lab.slurmd_base_port", lab.get("slurmd_base_port", 17001), 1024)
+    nodes = _nodes(data["nodes"], mode, base_port)
+    return Cluster(
+        name=_name("name", data["name"]),
+        mode=mode,
+        accounting=_bool("accounting", data.get("accounting", True)),
+        container_runtime=_choice("container_runtime",
+                                  data.get("container_runtime", "podman"), RUNTIMES),
+        nodes=nodes,
+        partitions=_partitions(data["partitions"], {n.name for n in nodes}),
+        accounts=_accounts(data.get("accounts", [])),
+    )
+
+
+def load(path: str | Path) -> Cluster:
+    """Read and validate a cluster definition file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read cluster definition ({exc.strerror})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    return parse(data)

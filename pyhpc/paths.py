@@ -1,0 +1,22 @@
+"""Where pyhpc finds its templates and the cluster definition."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Repository root (or the shared install on a login node: /opt/pyhpc/src).
+ROOT = Path(__file__).resolve().parent.parent
+SLURM_ETC = ROOT / "slurm" / "etc"
+SLURM_JOBS = ROOT / "slurm" / "jobs"
+CONTAINERS = ROOT / "containers"
+#: Written by the login role on every deployed cluster.
+DEPLOYED_CLUSTER = Path("/etc/pyhpc/cluster.yml")
+LAB_CLUSTER = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"
+
+
+def cluster_file() -> Path:
+    """$PYHPC_CLUSTER, else the deployed definition, else the lab default."""
+    env = os.environ.get("PYHPC_CLUSTER")
+    if env:
+        return Path(env)
+    return DEPLOYED_CLUSTER if DEPLOYED_CLUSTER.exists() else LAB_CLUSTER
