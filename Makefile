@@ -27,3 +27,15 @@ $(VENV)/.stamp: requirements/runtime.txt requirements/dev.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -c "import torch, submitit, ansible, pyhpc"
 	touch $@
+
+test: venv lab-up ## Lint, unit and integration tests (brings the lab up first if it is down).
+	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests
+
+unit: venv ## Unit tests only (no cluster needed).
+	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/unit
+
+lint: venv ## yamllint, ansible syntax check and ansible-lint, hadolint, shellcheck.
+	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/lint
+
+integration: venv lab-up ## Integration tests against the lab cluster.
+	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/integration
