@@ -1,0 +1,133 @@
+"""The cluster definition: defaults, expansion and every validation error."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pyhpc import cluster
+from pyhpc.cluster import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"
+EXAMPLE = ROOT / "ansible" / "inventories" / "example" / "cluster.yml"
+
+
+def lab_data() -> dict[str, Any]:
+    return yaml.safe_load(LAB.read_text())
+
+
+def test_lab_definition_expands_node_groups_and_ports() -> None:
+    spec = cluster.load(LAB)
+    assert [n.name for n in spec.nodes] == ["cpu1", "cpu2", "gpu1", "gpu2"]
+    assert [n.port for n in spec.nodes] == [17001, 17002, 17003, 17004]
+    assert spec.default_partition.name == "cpu"
+    assert spec.partition_gpus("gpu") == 2
+    assert spec.partition_gpus("cpu") == 0
+    assert spec.mode == "lab" and spec.accounting
+
+
+def test_example_definition_is_valid_and_uses_default_slurmd_port() -> None:
+    spec = cluster.load(EXAMPLE)
+    assert len(spec.nodes) == 16
+    assert {n.port for n in spec.nodes} == {6818}
+    assert spec.node("gn3").gpu_detect == "nvml"
+
+
+def test_first_partition_becomes_default_when_none_is_marked() -> None:
+    data = lab_data()
+    data["partitions"][0].pop("default")
+    assert cluster.parse(data).default_partition.name == "cpu"
+
+
+def edit(path: str, value: Any) -> dict[str, Any]:
+    """The lab definition with one value replaced; `path` is dotted, ints index lists."""
+    data = copy.deepcopy(lab_data())
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    target = data
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    return data
+
+
+BAD = [
+    # (what is changed, new value, text the message must contain)
+    ("unknown_key", 1, "cluster.unknown_key: unknown key; allowed: accounting, accounts"),
+    ("nodes.0.colour", "red", "nodes[0].colour: unknown key; allowed: count, cpus"),
+    ("partitions.1.qos", "high", "partitions[1].qos: unknown key; allowed: default, max_time"),
+    ("lab.ports", 1, "lab.ports: unknown key; allowed: slurmd_base_port"),
+    ("nodes.0.count", 0, "nodes[0].count: must be a positive integer, got 0"),
+    ("nodes.0.cpus", -2, "nodes[0].cpus: must be a positive integer, got -2"),
+    ("nodes.1.memory_mb", 0, "nodes[1].memory_mb: must be a positive integer, got 0"),
+    ("nodes.1.gpus", -1, "nodes[1].gpus: must be an integer >= 0, got -1"),
+    ("nodes.0.cpus", True, "nodes[0].cpus: must be a positive integer, got True"),
+    ("nodes.1.name", "cpu", "nodes: duplicate node name 'cpu1'"),
+    ("partitions.1.nodes", ["gpu1", "gpu9"], "partitions[1].nodes: unknown node 'gpu9'; known nodes: cpu1"),
+    ("partitions.1.nodes", [], "partitions[1].nodes: must name at least one node"),
+    ("partitions.1.name", "cpu", "partitions[1].name: duplicate partition name 'cpu'"),
+    ("partitions.1.default", True, "partitions.default: only one partition may be default"),
+    ("partitions.0.max_time", "soon", "partitions[0].max_time: 'soon' is not a Slurm time limit"),
+    ("mode", "cloud", "mode: 'cloud' is not allowed; allowed: lab, hosts"),
+    ("container_runtime", "docker", "container_runtime: 'docker' is not allowed; allowed: podman"),
+    ("accounting", "yes", "accounting: must be true or false, got 'yes'"),
+    ("name", "Lab Cluster", "name: 'Lab Cluster' is not a valid name"),
+    ("nodes", [], "nodes: must be a non-empty list of node groups"),
+    ("nodes.1.gpu_detect", "nvml", "nodes.gpu_detect: 'nvml' needs real GPUs; mode: lab"),
+    ("accounts.0.users", "root", "accounts[0].users: must be a list of names, got 'root'"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), BAD, ids=[b[0] + "=" + repr(b[1]) for b in BAD])
+def test_invalid_definition_names_the_key(path: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        cluster.parse(edit(path, value))
+    assert message in str(err.value)
+
+
+def test_missing_required_key_is_named() -> None:
+    data = lab_data()
+    del data["partitions"]
+    with pytest.raises(ConfigError, match=r"cluster.partitions: required key is missing"):
+        cluster.parse(data)
+
+
+def test_missing_file_and_bad_yaml_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read cluster definition"):
+        cluster.load(tmp_path / "absent.yml")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("nodes: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        cluster.load(bad)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyhpc", *args],
+                          capture_output=True, text=True, check=False)
+
+
+def test_cli_validate_prints_one_line_error_and_exits_nonzero(tmp_path: Path) -> None:
+    bad = tmp_path / "cluster.yml"
+    bad.write_text(yaml.safe_dump(edit("nodes.0.cpus", 0)))
+    before = bad.read_bytes()
+    result = run_cli("cluster", "validate", str(bad))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "pyhpc: error: nodes[0].cpus: must be a positive integer, got 0"]
+    assert bad.read_bytes() == before
+
+
+def test_cli_validate_json_is_the_normalised_definition() -> None:
+    result = run_cli("cluster", "validate", "--json", str(LAB))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [n["name"] for n in data["nodes"]] == ["cpu1", "cpu2", "gpu1", "gpu2"]
+    assert data["partitions"][1] == {"name": "gpu", "nodes": ["gpu1", "gpu2"],
+                                     "default": False, "max_time": "1-00:00:00"}
