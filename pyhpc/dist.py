@@ -1,0 +1,94 @@
+"""torch.distributed set-up for jobs: nccl with CUDA, gloo without.
+
+Inside a Slurm task the rank layout comes from submitit's
+``TorchDistributedEnvironment`` (which parses Slurm's variables and node lists);
+under torchrun the agent has already exported RANK/WORLD_SIZE/MASTER_*.
+``python -m pyhpc.dist SCRIPT|-m MODULE [ARGS]`` exports the variables, then runs
+the program, so scripts written for torchrun also run under plain srun.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    master_addr: str
+    master_port: int
+
+
+def export_env() -> None:
+    """Export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT unless torchrun did already."""
+    if "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_JOB_ID" not in os.environ:
+        for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                             ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+            os.environ.setdefault(key, default)
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # submitit only reads Slurm's variables when it believes it launched the task.
+    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
+    cuda = _cuda_available()
+    # MASTER_PORT from the batch script (derived from the job id) wins over submitit's choice.
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    if cuda and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LOCAL_RANK"]
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def setup() -> DistInfo:
+    """Initialise the default process group for this task and describe it."""
+    import torch
+    import torch.distributed as td
+
+    export_env()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    if not td.is_initialized():
+        td.init_process_group(backend=backend)
+    return DistInfo(
+        rank=td.get_rank(), world_size=td.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")), backend=backend,
+        master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
+
+
+def teardown() -> None:
+    """Destroy the process group if one is up."""
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized():
+        td.destroy_process_group()
+
+
+def main(argv: list[str]) -> None:
+    """Run a script or ``-m module`` with the torch.distributed variables exported."""
+    if not argv:
+        sys.exit("usage: python -m pyhpc.dist SCRIPT|-m MODULE [ARGS...]")
+    export_env()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            sys.exit("pyhpc.dist: -m needs a module name")
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,189 @@
+"""Throughput metrics: per-rank step times in, samples/s and scaling efficiency out.
+
+A step's time on a rank is the wall time from the end of its previous step to the
+end of this one (data loading included), so the harness's samples/s matches what
+a stopwatch around the loop would say. Warm-up steps are dropped. In synchronous
+data-parallel training the job moves at the pace of its slowest rank, so the
+global rate of a step is global batch / the slowest rank's time for that step.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class MetricsError(ValueError):
+    """Timings that cannot be summarised (no steps left after warm-up, ragged ranks)."""
+
+
+class StepTimer:
+    """Records step-to-step wall times with one perf_counter call per step."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._last = time.perf_counter()
+
+    def restart(self) -> None:
+        """Start timing from now (call before the first step of an epoch)."""
+        self._last = time.perf_counter()
+
+    def step(self) -> None:
+        """Mark the end of one step."""
+        now = time.perf_counter()
+        self.times.append(now - self._last)
+        self._last = now
+
+
+@dataclass(frozen=True)
+class RankTimes:
+    """The step times one rank measured."""
+
+    rank: int
+    host: str
+    step_times: list[float]
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What was measured where: recorded next to every summary."""
+
+    torch_version: str
+    backend: str
+    job_id: str
+    nodes: list[str]
+    local_batch: int
+    mode: str = "digits"
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One run's throughput. Times in seconds, rates in samples/s."""
+
+    workers: int
+    local_batch: int
+    global_batch: int
+    steps: int
+    warmup_steps: int
+    step_time_p50: float
+    step_time_p90: float
+    step_time_mean: float
+    samples_per_s: float
+    samples_per_s_per_worker: float
+    torch_version: str
+    backend: str
+    job_id: str
+    nodes: str
+    mode: str
+    model: str
+    efficiency: float | None = None
+    scaling: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """Flat record for JSON lines and CSV."""
+        data = asdict(self)
+        data.update({f"extra_{k}": v for k, v in data.pop("extra").items()})
+        return data
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear interpolation (numpy's default)."""
+    if not values:
+        raise MetricsError("percentile of no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def slowest_steps(ranks: Sequence[RankTimes], warmup: int) -> list[float]:
+    """Per step (after warm-up), the time of the slowest rank."""
+    if not ranks:
+        raise MetricsError("no ranks reported step times")
+    lengths = {len(r.step_times) for r in ranks}
+    if len(lengths) != 1:
+        raise MetricsError(f"ranks report different step counts: {sorted(lengths)}")
+    steps = lengths.pop()
+    if steps <= warmup:
+        raise MetricsError(f"{steps} steps recorded, all within the {warmup} warm-up steps")
+    return [max(r.step_times[i] for r in ranks) for i in range(warmup, steps)]
+
+
+def summarize(ranks: Sequence[RankTimes], warmup: int, env: Environment,
+              extra: dict[str, Any] | None = None) -> Summary:
+    """Throughput of one run from every rank's step times."""
+    slow = slowest_steps(ranks, warmup)
+    workers = len(ranks)
+    global_batch = env.local_batch * workers
+    mean = sum(slow) / len(slow)
+    rate = global_batch / mean
+    return Summary(
+        workers=workers, local_batch=env.local_batch, global_batch=global_batch,
+        steps=len(slow), warmup_steps=warmup,
+        step_time_p50=percentile(slow, 50), step_time_p90=percentile(slow, 90),
+        step_time_mean=mean, samples_per_s=rate, samples_per_s_per_worker=rate / workers,
+        torch_version=env.torch_version, backend=env.backend, job_id=env.job_id,
+        nodes=",".join(env.nodes), mode=env.mode, model=env.model, extra=dict(extra or {}))
+
+
+SCALING = ("weak", "strong")
+
+
+def efficiency(runs: Iterable[Summary], scaling: str = "weak") -> list[Summary]:
+    """Scaling efficiency of each run against the run with fewest workers in its series.
+
+    weak: series share the per-worker batch, E(N) = X(N)·N0 / (N·X(N0)), which is
+    X(N)/(N·X(1)) when the series starts at one worker. strong: series share the
+    global batch (the work per step is fixed), same formula, different baseline.
+    """
+    if scaling not in SCALING:
+        raise MetricsError(f"scaling: {scaling!r} is not allowed; allowed: {', '.join(SCALING)}")
+    runs = list(runs)
+    key = (lambda s: s.local_batch) if scaling == "weak" else (lambda s: s.global_batch)
+    out: list[Summary] = []
+    for run in runs:
+        series = [r for r in runs if key(r) == key(run) and r.mode == run.mode]
+        base = min(series, key=lambda s: s.workers)
+        value = run.samples_per_s * base.workers / (run.workers * base.samples_per_s)
+        out.append(Summary(**{**{f.name: getattr(run, f.name) for f in fields(run)},
+                              "efficiency": value, "scaling": scaling}))
+    return sorted(out, key=lambda s: (s.mode, key(s), s.workers))
+
+
+def write_jsonl(path: Path, summaries: Iterable[Summary]) -> None:
+    """Append one JSON object per summary."""
+    with path.open("a") as fh:
+        for s in summaries:
+            fh.write(json.dumps(s.row(), sort_keys=True) + "\n")
+
+
+def read_jsonl(path: Path) -> list[Summary]:
+    """Summaries written by :func:`write_jsonl`."""
+    names = {f.name for f in fields(Summary)}
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        extra = {k[len("extra_"):]: v for k, v in row.items() if k.startswith("extra_")}
+        out.append(Summary(**{k: v for k, v in row.items() if k in names}, extra=extra))
+    return out
+
+
+def write_csv(path: Path, summaries: Sequence[Summary]) -> None:
+    """Write summaries as CSV (header from the first row's keys)."""
+    rows = [s.row() for s in summaries]
+    if not rows:
+        raise MetricsError("no summaries to write")
+    keys = sorted({k for r in rows for k in r})
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
