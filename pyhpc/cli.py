@@ -7,10 +7,11 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pyhpc import __version__
+from pyhpc import cli_jobs
 from pyhpc.cluster import ConfigError
 
 #: Errors the CLI turns into one line on stderr and exit status 2.
-USER_ERRORS: tuple[type[Exception], ...] = (ConfigError,)
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, *cli_jobs.USER_ERRORS)
 
 
 def cmd_cluster_validate(args: argparse.Namespace) -> int:
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("file", help="cluster definition (YAML)")
     val.add_argument("--json", action="store_true", help="print the normalised definition")
     val.set_defaults(func=cmd_cluster_validate)
+    cli_jobs.add_commands(sub)
     return parser
 
 
