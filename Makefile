@@ -39,3 +39,24 @@ lint: venv ## yamllint, ansible syntax check and ansible-lint, hadolint, shellch
 
 integration: venv lab-up ## Integration tests against the lab cluster.
 	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/integration
+
+DEPLOY_LOG ?= .deploy/deploy.log
+ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e pyhpc_cluster_file=$(abspath $(CLUSTER))
+
+deploy: venv ## Deploy the lab (or INVENTORY=dir for a real cluster; CLUSTER=file overrides its cluster.yml).
+	$(PY) -m pyhpc cluster validate $(CLUSTER)
+	@mkdir -p $(dir $(DEPLOY_LOG))
+	$(ANSIBLE_PLAYBOOK) $(ANSIBLE_FLAGS) ansible/site.yml 2>&1 | tee $(DEPLOY_LOG)
+
+undeploy: venv ## Stop every pyhpc daemon; PURGE=1 also removes packages, state, the database, keys and /opt/pyhpc.
+	@mkdir -p $(dir $(DEPLOY_LOG))
+	$(ANSIBLE_PLAYBOOK) -e pyhpc_purge=$(if $(PURGE),true,false) $(ANSIBLE_FLAGS) ansible/undeploy.yml 2>&1 | tee .deploy/undeploy.log
+
+status: venv ## Check the running cluster (pyhpc doctor): munge, slurmctld, slurmdbd, nodes, a 2-node job, sacct.
+	$(PY) -m pyhpc doctor
+
+lab-up: venv ## Bring the lab up unless pyhpc doctor already finds it healthy.
+	@$(PY) -m pyhpc doctor >/dev/null 2>&1 || $(MAKE) deploy
+
+bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages alone, and an idempotent re-run (purges the lab).
+	$(PY) bench/deploy.py
