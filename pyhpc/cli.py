@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from pyhpc import __version__
 from pyhpc import cli_jobs
+from pyhpc import doctor
 from pyhpc.cluster import ConfigError
 
 #: Errors the CLI turns into one line on stderr and exit status 2.
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--json", action="store_true", help="print the normalised definition")
     val.set_defaults(func=cmd_cluster_validate)
     cli_jobs.add_commands(sub)
+    doctor.add_commands(sub)
     return parser
 
 
