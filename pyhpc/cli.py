@@ -9,10 +9,12 @@ from collections.abc import Callable, Sequence
 from pyhpc import __version__
 from pyhpc import cli_jobs
 from pyhpc import doctor
+from pyhpc import cli_containers
 from pyhpc.cluster import ConfigError
 
 #: Errors the CLI turns into one line on stderr and exit status 2.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, *cli_jobs.USER_ERRORS)
+USER_ERRORS += cli_containers.USER_ERRORS
 
 
 def cmd_cluster_validate(args: argparse.Namespace) -> int:
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_cluster_validate)
     cli_jobs.add_commands(sub)
     doctor.add_commands(sub)
+    cli_containers.add_commands(sub)
     return parser
 
 

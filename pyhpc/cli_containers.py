@@ -1,0 +1,48 @@
+"""``pyhpc containers render|build``: the framework image from containers/spec.yml."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pyhpc.containers import ContainerError
+
+#: Errors of these commands that the CLI turns into one line on stderr.
+USER_ERRORS: tuple[type[Exception], ...] = (ContainerError,)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from pyhpc import containers
+
+    text = containers.render(containers.variant(args.variant, torch=args.torch), args.format)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from pyhpc import container_build
+
+    return container_build.main(args)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``containers render`` and ``containers build`` under ``sub``."""
+    cont = sub.add_parser("containers", help="framework image: render or build from containers/spec.yml")
+    csub = cont.add_subparsers(dest="containers_command", required=True, metavar="SUBCOMMAND")
+    ren = csub.add_parser("render", help="print the Containerfile or Apptainer .def of a variant")
+    bld = csub.add_parser("build", help="build a variant offline with podman and export it")
+    for parser in (ren, bld):
+        parser.add_argument("--variant", required=True, help="variant in containers/spec.yml (cpu, cuda)")
+        parser.add_argument("--torch", help="torch version; must be the one in the spec")
+    ren.add_argument("--format", choices=("oci", "apptainer"), default="oci", help="output format")
+    ren.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    ren.set_defaults(func=cmd_render)
+    bld.add_argument("--images-dir", default="/opt/pyhpc/images", help="shared images directory")
+    bld.add_argument("--oci-archive", action="store_true", help="also export IMAGE.oci.tar")
+    bld.add_argument("--context-only", action="store_true",
+                     help="only prepare the build context (e.g. for apptainer build)")
+    bld.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    bld.set_defaults(func=cmd_build)

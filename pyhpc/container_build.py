@@ -1,0 +1,230 @@
+"""Build a variant of the framework image offline with podman and export it for jobs.
+
+Steps: a Debian base from mmdebstrap (imported into podman, no registry), a build
+context holding the wheels (``pip download`` on the host: torch's CPU wheel from
+/opt/wheels, the rest from PyPI), ``podman build`` with the build's network off, then
+an exploded rootfs on the shared path that ``podman run --rootfs DIR`` uses without a
+per-run copy, plus the image's environment file and a record (image.json).
+
+Podman flags that work in the lab (gVisor, cgroups v1, no systemd, no daemon):
+  --storage-driver vfs      no overlay mounts under gVisor
+  --runtime runc            Debian's runc
+  --cgroup-manager cgroupfs no systemd to ask for cgroups
+  --events-backend file     no journald
+  --isolation chroot        RUN steps in a chroot: no nested OCI runtime in the build;
+                            chroot allows only --network host, so offline-ness comes from
+                            pip --no-index over the context's wheels/
+  --ulimit nofile/nproc     explicit: podman's defaults (1048576/4194304) are above the
+                            host's hard limits and runc's setrlimit fails with EPERM
+                            ("error setting rlimit type 7"); nproc must stay small.
+The rendered Containerfile, scripts and requirements are the cache key: an unchanged
+spec rebuilds nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pyhpc import containers
+from pyhpc.containers import ContainerError, Variant
+
+PODMAN = ["podman", "--storage-driver", "vfs", "--runtime", "runc",
+          "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+CACHE = Path(os.environ.get("PYHPC_CONTAINER_CACHE", "/var/cache/pyhpc/containers"))
+
+
+def log(message: str) -> None:
+    print(f"pyhpc containers: {message}", flush=True)
+
+
+def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``; a failure is a ContainerError naming the command."""
+    proc = subprocess.run(cmd, text=True, **kwargs)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        raise ContainerError(f"build: {' '.join(cmd[:6])} ... failed with exit status {proc.returncode}")
+    return proc
+
+
+def podman(*args: str, capture: bool = False) -> str:
+    out = run([*PODMAN, *args], stdout=subprocess.PIPE if capture else None)
+    return out.stdout.strip() if capture else ""
+
+
+def image_exists(ref: str) -> bool:
+    return subprocess.run([*PODMAN, "image", "exists", ref]).returncode == 0
+
+
+def base_recipe(var: Variant) -> str:
+    base = var.base
+    return json.dumps({k: base.get(k) for k in ("suite", "sources", "packages", "bootstrap")},
+                      sort_keys=True)
+
+
+def check_base(var: Variant) -> None:
+    """Fail before any work if the base can neither be found locally nor bootstrapped."""
+    ref = var.base["image"]
+    if var.base.get("bootstrap"):
+        if shutil.which("mmdebstrap") is None and not image_exists(ref):
+            raise ContainerError(f"base: {ref!r} is missing and mmdebstrap is not installed "
+                                 "(apt-get install mmdebstrap)")
+    elif not image_exists(ref):
+        raise ContainerError(f"base: image {ref!r} of variant {var.name!r} is missing from local "
+                             "storage and there is no registry to pull it from; on a host that "
+                             "can pull it run `podman pull` (or `podman load -i FILE`) first")
+
+
+def ensure_base(var: Variant) -> None:
+    """Bootstrap the base with mmdebstrap unless podman holds one from the same recipe."""
+    ref = var.base["image"]
+    if not var.base.get("bootstrap"):
+        return
+    recipe = hashlib.sha256(base_recipe(var).encode()).hexdigest()
+    if image_exists(ref):
+        have = podman("image", "inspect", "--format",
+                      '{{ index .Labels "org.pyhpc.base.recipe" }}', ref, capture=True)
+        if have == recipe:
+            log(f"base {ref} is up to date")
+            return
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tarball = CACHE / f"base-{var.base['suite']}.tar"
+    include = ",".join(f"{k}={v}" for k, v in var.base_packages)
+    log(f"bootstrapping {var.base['suite']} with mmdebstrap ({include})")
+    run(["mmdebstrap", "--variant=minbase", f"--include={include}",
+         "--aptopt=Acquire::Retries=3", var.base["suite"], str(tarball),
+         *var.base["sources"]])
+    podman("import", "--change", f"LABEL org.pyhpc.base.recipe={recipe}",
+           "--change", 'CMD ["/bin/bash"]', str(tarball), ref)
+    tarball.unlink()
+
+
+def prepare_context(var: Variant, ctx: Path) -> tuple[str, str]:
+    """Write Containerfile, scripts, requirements and wheels/ into ``ctx``; return (text, key)."""
+    ctx.mkdir(parents=True, exist_ok=True)
+    files = {"Containerfile": containers.render(var, "oci"),
+             f"{var.image}.def": containers.render(var, "apptainer"),
+             "requirements.txt": var.requirements}
+    files.update({name: containers.render_script(var, name) for name in containers.SCRIPTS})
+    for name, text in files.items():
+        (ctx / name).write_text(text)
+    for name in containers.SCRIPTS:
+        (ctx / name).chmod(0o755)
+    key = hashlib.sha256(json.dumps([files, base_recipe(var)], sort_keys=True).encode()).hexdigest()
+    wheels = ctx / "wheels"
+    wheels.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+           "--python-version", var.python, "--dest", str(wheels), "-r", str(ctx / "requirements.txt")]
+    for link in var.wheels.get("find_links", []):
+        cmd += ["--find-links", link]
+    if "index_url" in var.wheels:
+        cmd += ["--index-url", var.wheels["index_url"]]
+    if "extra_index_url" in var.wheels:
+        cmd += ["--extra-index-url", var.wheels["extra_index_url"]]
+    log(f"downloading wheels into {wheels}")
+    run(cmd)
+    if var.cuda == "none" and any("nvidia" in p.name or "+cu" in p.name for p in wheels.iterdir()):
+        raise ContainerError(f"build: CUDA wheels in {wheels} for CPU variant {var.name!r}; "
+                             "torch must come from the CPU wheel (find_links)")
+    return files["Containerfile"], key
+
+
+def export(var: Variant, ref: str, dest: Path, oci_archive: bool) -> None:
+    """Exploded rootfs (swapped in atomically), env file and optionally an OCI archive."""
+    dest.mkdir(parents=True, exist_ok=True)
+    new, old = dest / "rootfs.new", dest / "rootfs.old"
+    for path in (new, old):
+        shutil.rmtree(path, ignore_errors=True)
+    new.mkdir()
+    cid = podman("create", ref, "true", capture=True)
+    try:
+        with subprocess.Popen([*PODMAN, "export", cid], stdout=subprocess.PIPE) as exp:
+            run(["tar", "-x", "--numeric-owner", "-C", str(new)], stdin=exp.stdout)
+    finally:
+        podman("rm", cid, capture=True)
+    if (dest / "rootfs").exists():
+        (dest / "rootfs").rename(old)
+    new.rename(dest / "rootfs")
+    shutil.rmtree(old, ignore_errors=True)
+    (dest / "env").write_text("".join(f"{k}={v}\n" for k, v in var.env()))
+    if oci_archive:
+        archive = dest.parent / f"{var.image}.oci.tar"
+        podman("save", "--format", "oci-archive", "-o", str(archive), ref)
+
+
+def selftest(dest: Path) -> str:
+    """Run the image's self-test from the exported rootfs, as a job would."""
+    out = run([*PODMAN, "run", "--rm", *ULIMITS, "--network", "host", "--env-file",
+               str(dest / "env"), "--rootfs", str(dest / "rootfs"), "/usr/local/bin/pyhpc-selftest"],
+              stdout=subprocess.PIPE)
+    return out.stdout
+
+
+def du(path: Path) -> int:
+    return int(subprocess.run(["du", "-sb", str(path)], text=True, check=True,
+                              stdout=subprocess.PIPE).stdout.split()[0])
+
+
+def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool = False,
+          context_only: bool = False) -> dict[str, object]:
+    """Build ``var`` unless up to date; returns the image record (also in image.json)."""
+    for tool in ("podman", "runc"):
+        if shutil.which(tool) is None and not context_only:
+            raise ContainerError(f"build: {tool} is not installed (the containers role installs it)")
+    if not context_only:
+        check_base(var)
+    ctx = CACHE / var.name
+    text, key = prepare_context(var, ctx)
+    dest = images_dir / var.image
+    record_file = dest / "image.json"
+    ref = f"localhost/{var.image}:{key[:12]}"
+    if context_only:
+        log(f"build context ready in {ctx}")
+        return {"context": str(ctx)}
+    if not force and record_file.exists() and (dest / "rootfs").is_dir() and image_exists(ref):
+        record = json.loads(record_file.read_text())
+        if record.get("key") == key:
+            log(f"{var.image} is up to date ({ref}, {dest})")
+            return dict(record, cached=True)
+    start = time.monotonic()
+    ensure_base(var)
+    base_s = time.monotonic() - start
+    log(f"building {ref}")
+    podman("build", "--isolation", "chroot", *ULIMITS, "--network", "host", "--layers=false",
+           "--pull=never", "-f", str(ctx / "Containerfile"), "-t", ref,
+           "-t", f"localhost/{var.image}:latest", str(ctx))
+    build_s = time.monotonic() - start
+    export(var, ref, dest, oci_archive)
+    shutil.copy(ctx / "Containerfile", dest / "Containerfile")
+    shutil.copy(ctx / f"{var.image}.def", dest / f"{var.image}.def")
+    output = selftest(dest)
+    total_s = time.monotonic() - start
+    subprocess.run([*PODMAN, "image", "prune", "-f"], stdout=subprocess.DEVNULL)
+    record = {
+        "image": var.image, "variant": var.name, "ref": ref, "key": key,
+        "image_id": podman("image", "inspect", "--format", "{{.Id}}", ref, capture=True),
+        "image_size_bytes": int(podman("image", "inspect", "--format", "{{.Size}}", ref, capture=True)),
+        "rootfs": str(dest / "rootfs"), "rootfs_bytes": du(dest / "rootfs"),
+        "env_file": str(dest / "env"), "labels": dict(var.labels()),
+        "base_seconds": round(base_s, 1), "build_seconds": round(build_s, 1),
+        "total_seconds": round(total_s, 1), "selftest": output.splitlines(), "cached": False,
+    }
+    record_file.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    log(f"built {ref} in {total_s:.0f} s; image {record['image_size_bytes'] / 1e6:.0f} MB; "
+        f"rootfs {dest / 'rootfs'}")
+    return record
+
+
+def main(args: argparse.Namespace) -> int:
+    var = containers.variant(args.variant, torch=args.torch)
+    record = build(var, Path(args.images_dir), oci_archive=args.oci_archive, force=args.force,
+                   context_only=args.context_only)
+    for line in record.get("selftest", []):  # type: ignore[union-attr]
+        print(f"  {line}")
+    return 0

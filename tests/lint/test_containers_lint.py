@@ -1,0 +1,65 @@
+"""hadolint on the rendered Containerfiles; shellcheck on every script baked into the images."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyhpc import containers
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+VARIANTS = ("cpu", "cuda")
+
+
+def _lint(argv: list[str], text: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, input=text, capture_output=True, text=True, check=False)
+    print(proc.stdout, proc.stderr, sep="\n")
+    return proc
+
+
+def _shellcheck() -> str:
+    path = shutil.which("shellcheck")
+    if path is None:
+        pytest.fail("shellcheck is not installed: apt-get install shellcheck (the containers "
+                    "role and `make venv` prerequisites install it)")
+    return path
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_hadolint_passes_on_rendered_containerfile(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "Containerfile"
+    path.write_text(containers.render(containers.variant(name), "oci"))
+    proc = _lint([str(BIN / "hadolint"), "--failure-threshold", "info", str(path)])
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("script", containers.SCRIPTS)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_shellcheck_passes_on_baked_scripts(name: str, script: str) -> None:
+    text = containers.render_script(containers.variant(name), script)
+    proc = _lint([_shellcheck(), "-"], text)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("section", ["%post", "%runscript", "%test"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_shellcheck_passes_on_apptainer_sections(name: str, section: str) -> None:
+    text = containers.render(containers.variant(name), "apptainer")
+    body = text.split(section + "\n", 1)[1].split("\n%", 1)[0]
+    # Apptainer runs these sections with /bin/sh.
+    proc = _lint([_shellcheck(), "--shell", "sh", "-"], "#!/bin/sh\n" + body + "\n")
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_shellcheck_passes_on_containerfile_run_steps() -> None:
+    text = containers.render(containers.variant("cuda"), "oci")
+    runs = re.findall(r"^RUN (?:--mount=\S+ \\\n)?(.*?)(?<!\\)\n", text, flags=re.M | re.S)
+    assert len(runs) == 2
+    for body in runs:
+        proc = _lint([_shellcheck(), "--shell", "bash", "-"], "#!/bin/bash\n" + body + "\n")
+        assert proc.returncode == 0, proc.stdout
