@@ -168,7 +168,8 @@ def _train_config(args: argparse.Namespace, out: Path, batch: int) -> Any:
 
     return TrainConfig(out=str(out.resolve()), mode=args.mode, epochs=args.epochs,
                        batch_size=batch, lr=args.lr, seed=args.seed,
-                       warmup_steps=args.warmup_steps)
+                       warmup_steps=args.warmup_steps,
+                       synthetic_samples=args.synthetic_samples)
 
 
 def _submit_train(args: argparse.Namespace, cfg: Any, nodes: int) -> Any:
@@ -259,6 +260,8 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--synthetic-samples", type=int, default=512,
+                   help="data set size in synthetic mode")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

@@ -25,6 +25,8 @@ SUFFIX = ".sbatch.j2"
 #: sbatch() keyword arguments that make up the resource request.
 RESOURCE_KEYS = ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "partition", "time")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+SAFE_NAME_RE = re.compile(r"^[\w.+-]+$")
+SAFE_CHARS_RE = re.compile(r"[^\w.+-]")
 
 
 class RenderError(ValueError):
@@ -61,6 +63,10 @@ def sbatch_lines(cluster: Cluster, options: Mapping[str, Any]) -> Quoted:
         time=resources.get("time", "00:10:00"),
     ), cluster)
     opts["partition"] = spec.partition
+    name = str(opts.get("job_name", ""))
+    if "%x" in str(opts.get("output", "")) and not SAFE_NAME_RE.match(name):
+        # slurmstepd fails to open a log path with quotes in it: spell a safe name instead.
+        opts["output"] = str(opts["output"]).replace("%x", SAFE_CHARS_RE.sub("_", name) or "job")
     if str(opts.get("gpus_per_node", "0")) == "0":
         opts.pop("gpus_per_node", None)
     lines = []

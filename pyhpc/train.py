@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 from dataclasses import asdict, dataclass
@@ -108,6 +109,23 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint
 
 
+def _stop_now(signum: int, frame: Any) -> None:
+    """SIGTERM (scancel, scontrol requeue, preemption): leave at once.
+
+    Checkpoints are written atomically after each epoch, so the requeued job resumes
+    from the last completed epoch; the interrupted one is redone from its start.
+    """
+    print(f"pyhpc.train: signal {signum}: stopping; a requeued job resumes from the "
+          "last checkpoint", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
 def _evaluate(model: nn.Module, data: TensorDataset) -> float:
     model.eval()
     with torch.no_grad():
@@ -123,6 +141,7 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
         raise ValueError(f"mode: {cfg.mode!r} is not allowed; allowed: {', '.join(MODES)}")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    signal.signal(signal.SIGTERM, _stop_now)
     info = dist.setup()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +184,7 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
         if info.rank == 0:
             _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                               "epoch": epoch, "history": history, "attempts": attempts})
+            _write_json(out / "history.json", history)
             print(f"pyhpc.train: epoch {epoch} loss {record['loss']:.4f} "
                   f"test accuracy {record['test_accuracy']:.3f}", flush=True)
         td.barrier()
@@ -184,7 +204,6 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
             for r in gathered:
                 fh.write(json.dumps({k: v for k, v in r.items() if k != "step_times"}
                                     | {"steps": len(r["step_times"])}) + "\n")
-        (out / "history.json").write_text(json.dumps(history, indent=1))
         if cfg.instrument and gathered[0]["step_times"]:
             env = metrics.Environment(
                 torch_version=torch.__version__, backend=info.backend,
