@@ -133,13 +133,13 @@ def sbatch_args(spec: JobSpec) -> list[str]:
 
 
 def sbatch(script: str | Path, options: Sequence[str] = (), test_only: bool = False,
-           runner: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:
+           runner: Callable[..., subprocess.CompletedProcess[str]] | None = None) -> str:
     """Submit an existing script; returns the job id (or sbatch's message with test_only)."""
     path = Path(script)
     if not path.is_file():
         raise SubmitError(f"script: no such file {str(script)!r}")
     cmd = ["sbatch", "--parsable", *(["--test-only"] if test_only else []), *options, str(path)]
-    proc = runner(cmd, capture_output=True, text=True, check=False)
+    proc = (runner or subprocess.run)(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SubmitError(f"sbatch: {proc.stderr.strip() or proc.stdout.strip()}")
     if test_only:

@@ -44,7 +44,7 @@ def _merge(states: list[str]) -> str:
     return bad[0] if bad else "COMPLETED"
 
 
-def query(job_ids: Sequence[str], source: str = "sacct", runner: Runner = subprocess.run,
+def query(job_ids: Sequence[str], source: str = "sacct", runner: Runner | None = None,
           ) -> dict[str, str]:
     """States of ``job_ids`` from one Slurm call; ids Slurm does not know yet map to UNKNOWN.
 
@@ -53,7 +53,8 @@ def query(job_ids: Sequence[str], source: str = "sacct", runner: Runner = subpro
     """
     if not job_ids:
         return {}
-    proc = runner(_command(job_ids, source), capture_output=True, text=True, check=False)
+    proc = (runner or subprocess.run)(_command(job_ids, source), capture_output=True, text=True,
+                                      check=False)
     if proc.returncode != 0 and not (source == "squeue" and "Invalid job id" in proc.stderr):
         raise WatchError(f"{source}: {proc.stderr.strip() or 'exit status ' + str(proc.returncode)}")
     per_job: dict[str, list[str]] = {}
@@ -82,7 +83,7 @@ def progress_line(states: dict[str, str], elapsed: float) -> str:
 
 
 def watch(job_ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None = None,
-          source: str = "sacct", runner: Runner = subprocess.run, quiet: bool = False,
+          source: str = "sacct", runner: Runner | None = None, quiet: bool = False,
           stream: TextIO | None = None) -> dict[str, str]:
     """Poll until every job has finished (or ``timeout_s``); returns the last states."""
     stream = stream or sys.stderr
