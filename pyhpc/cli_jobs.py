@@ -80,7 +80,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"kind": kind, "target": args.target}
     if kind == "function":
         fn = submit.resolve_function(args.target)
-        job = submit.submit(fn, *args.args, nodes=args.nodes or 1,
+        job = submit.submit(fn, *args.args, nodes=1 if args.nodes is None else args.nodes,
                             tasks_per_node=args.tasks_per_node,
                             gpus_per_node=args.gpus_per_node or 0, partition=args.partition,
                             name=args.job_name or args.target.split(":")[1],
@@ -100,7 +100,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if not script.is_file():
                 raise SubmitError(f"script: no such file {args.target!r} (and no template "
                                   f"of that name; templates: {', '.join(render.available())})")
-            spec = check(JobSpec(nodes=args.nodes or 1, tasks_per_node=args.tasks_per_node or 1,
+            spec = check(JobSpec(nodes=1 if args.nodes is None else args.nodes,
+                                 tasks_per_node=args.tasks_per_node or 1,
                                  gpus_per_node=args.gpus_per_node or 0, partition=args.partition,
                                  time=args.time or "00:10:00"), _cluster())
             flag = {"tasks_per_node": "ntasks-per-node"}
