@@ -46,7 +46,8 @@ ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e py
 deploy: venv ## Deploy the lab (or INVENTORY=dir for a real cluster; CLUSTER=file overrides its cluster.yml).
 	$(PY) -m pyhpc cluster validate $(CLUSTER)
 	@mkdir -p $(dir $(DEPLOY_LOG))
-	$(ANSIBLE_PLAYBOOK) $(ANSIBLE_FLAGS) ansible/site.yml 2>&1 | tee $(DEPLOY_LOG)
+	@echo "=== make deploy INVENTORY=$(INVENTORY) CLUSTER=$(CLUSTER) ($$(date -u +%FT%TZ))" >> $(DEPLOY_LOG)
+	$(ANSIBLE_PLAYBOOK) $(ANSIBLE_FLAGS) ansible/site.yml 2>&1 | tee -a $(DEPLOY_LOG)
 
 undeploy: venv ## Stop every pyhpc daemon; PURGE=1 also removes packages, state, the database, keys and /opt/pyhpc.
 	@mkdir -p $(dir $(DEPLOY_LOG))

@@ -1,0 +1,191 @@
+"""The deployed lab cluster, exercised through the commands users and admins run.
+
+`make test` brings the lab up first (`make lab-up`); these tests deploy again
+through `make deploy`, as the README says, and talk to the real daemons.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pyhpc import cluster
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = cluster.load(ROOT / "ansible" / "inventories" / "lab" / "cluster.yml")
+DEPLOY_LOG = ROOT / ".deploy" / "deploy.log"
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def sh(*argv: str, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def make(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def daemon_pids() -> dict[str, str]:
+    """pid of every daemon the deploy manages, from its pid file."""
+    files = [Path("/run/slurmctld.pid"), Path("/run/slurmdbd.pid"),
+             Path("/run/munge/munged.pid"), Path("/run/mysqld/mysqld.pid")]
+    files += [Path(f"/run/slurmd-{n.name}.pid") for n in LAB.nodes]
+    return {f.name: f.read_text().strip() for f in files}
+
+
+def sacct_state(job_id: str, wait: float = 30) -> str:
+    """The job's final state as sacct records it (accounting is asynchronous)."""
+    deadline = time.monotonic() + wait
+    state = ""
+    while time.monotonic() < deadline:
+        out = sh("sacct", "-n", "-P", "-X", f"-j{job_id}", "-oState").stdout.split()
+        state = out[0] if out else ""
+        if state and state not in ("PENDING", "RUNNING", "COMPLETING"):
+            break
+        time.sleep(1)
+    return state
+
+
+def changed_counts(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [m[2] for m in RECAP.findall(proc.stdout)]
+
+
+@pytest.fixture(scope="module")
+def redeploys() -> list[subprocess.CompletedProcess[str]]:
+    """`make deploy` until a run after the first changes nothing (at most 3 runs).
+
+    The first run converges (the repository copy in /opt/pyhpc/src follows the
+    working tree, which other work may have edited); a later run must then
+    report changed=0 and leave every daemon's pid as it was. A task that is not
+    idempotent changes something on every run, so it still fails here.
+    """
+    runs = [make("deploy")]
+    assert runs[0].returncode == 0, runs[0].stdout[-4000:] + runs[0].stderr
+    while len(runs) < 3:
+        before = daemon_pids()
+        runs.append(make("deploy"))
+        assert runs[-1].returncode == 0, runs[-1].stdout[-4000:] + runs[-1].stderr
+        if set(changed_counts(runs[-1])) == {"0"}:
+            assert daemon_pids() == before, "a deploy that changed nothing restarted a daemon"
+            break
+    return runs
+
+
+def test_all_nodes_are_idle() -> None:
+    expected = {n.name: "idle" for n in LAB.nodes}
+    deadline = time.monotonic() + 120  # other tests' jobs may still be finishing
+    while True:
+        out = sh("sinfo", "--noheader", "--Node", "--format=%N %t").stdout
+        states = dict(line.split() for line in set(out.splitlines()) if line.strip())
+        if states == expected or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert states == expected
+
+
+def test_srun_runs_on_two_distinct_nodes() -> None:
+    out = sh("srun", "--nodes=2", "--ntasks-per-node=1", "--time=1",
+             "sh", "-c", "echo $SLURMD_NODENAME").stdout.split()
+    assert len(out) == 2 and len(set(out)) == 2, out
+    assert set(out) <= {n.name for n in LAB.nodes}
+
+
+def test_sbatch_job_ends_completed_in_sacct(tmp_path: Path) -> None:
+    job = sh("sbatch", "--parsable", "--wait", "--time=1", f"--output={tmp_path}/out",
+             "--wrap", "echo hello from $SLURMD_NODENAME").stdout.strip().split(";")[0]
+    assert sacct_state(job) == "COMPLETED"
+    assert (tmp_path / "out").read_text().startswith("hello from ")
+
+
+def test_gpu_job_schedules_and_completes_on_the_gpu_partition(tmp_path: Path) -> None:
+    job = sh("sbatch", "--parsable", "--wait", "--time=1", "--partition=gpu",
+             "--gpus-per-node=2", f"--output={tmp_path}/out",
+             "--wrap", "echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES").stdout.strip().split(";")[0]
+    assert sacct_state(job) == "COMPLETED"
+    node, devices = (tmp_path / "out").read_text().split()
+    assert node in LAB.partition("gpu").nodes
+    assert devices == "0,1"
+
+
+def test_pyhpc_doctor_passes(redeploys: list[subprocess.CompletedProcess[str]]) -> None:
+    """The deployed pyhpc (/opt/pyhpc, refreshed by the deploys) finds the cluster healthy."""
+    proc = sh("/opt/pyhpc/venv/bin/pyhpc", "doctor", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout
+
+
+def test_restarted_controller_keeps_queued_jobs() -> None:
+    job = sh("sbatch", "--parsable", "--hold", "--time=1", "--wrap", "true").stdout.strip()
+    try:
+        sh("service", "slurmctld", "restart")
+        deadline = time.monotonic() + 60
+        while sh("scontrol", "ping", check=False).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        out = sh("squeue", "--noheader", f"--jobs={job}", "--format=%i %T", check=False).stdout
+        assert out.split() == [job, "PENDING"]
+    finally:
+        sh("scancel", job, check=False)
+
+
+def test_second_deploy_changes_nothing(redeploys: list[subprocess.CompletedProcess[str]]) -> None:
+    recap = RECAP.findall(redeploys[-1].stdout)
+    assert recap, redeploys[-1].stdout[-3000:]
+    for host, _ok, changed, unreachable, failed in recap:
+        assert (changed, unreachable, failed) == ("0", "0", "0"), f"{host}: {recap}"
+    assert "RUNNING HANDLER" not in redeploys[-1].stdout
+
+
+def test_secrets_have_strict_modes() -> None:
+    for path, mode, owner in [("/etc/munge/munge.key", 0o400, "munge"),
+                              ("/etc/slurm/slurmdbd.conf", 0o600, "slurm"),
+                              ("/etc/pyhpc/secrets/slurmdbd_db_password", 0o600, "root")]:
+        info = os.stat(path)
+        assert stat.S_IMODE(info.st_mode) == mode, path
+        assert sh("stat", "-c", "%U:%G", path).stdout.strip() == f"{owner}:{owner}", path
+
+
+def test_secrets_appear_nowhere_in_the_deploy_log(
+        redeploys: list[subprocess.CompletedProcess[str]]) -> None:
+    key = Path("/etc/munge/munge.key").read_bytes()
+    password = Path("/etc/pyhpc/secrets/slurmdbd_db_password").read_text().strip()
+    assert len(password) >= 16
+    forms = [base64.b64encode(key).decode(), key.hex(), password,
+             base64.b64encode(password.encode()).decode()]
+    logs = [DEPLOY_LOG.read_text(errors="replace")] + [p.stdout + p.stderr for p in redeploys]
+    for text in logs:
+        for secret in forms:
+            assert secret not in text
+        assert key not in text.encode(errors="replace")
+
+
+def test_invalid_cluster_file_fails_naming_the_key_and_changes_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "cluster.yml"
+    text = (ROOT / "ansible" / "inventories" / "lab" / "cluster.yml").read_text()
+    bad.write_text(text.replace("    cpus: 2\n", "    cpus: 2\n    sockets: 1\n", 1))
+    conf = Path("/etc/slurm/slurm.conf")
+    before = (hashlib.sha256(conf.read_bytes()).hexdigest(), conf.stat().st_mtime_ns)
+    proc = make("deploy", f"CLUSTER={bad}")
+    assert proc.returncode != 0
+    assert "nodes[0].sockets: unknown key; allowed:" in proc.stderr + proc.stdout
+    # The playbook's own first play refuses it too, before any host changes.
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible" / "ansible.cfg"))
+    play = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"),
+                           "-e", f"pyhpc_cluster_file={bad}", str(ROOT / "ansible" / "site.yml")],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert play.returncode != 0
+    assert "nodes[0].sockets: unknown key" in play.stdout
+    assert "Install munge" not in play.stdout
+    assert (hashlib.sha256(conf.read_bytes()).hexdigest(), conf.stat().st_mtime_ns) == before
