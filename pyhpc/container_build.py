@@ -166,6 +166,15 @@ def selftest(dest: Path) -> str:
     return out.stdout
 
 
+def prune(var: Variant, keep: str) -> None:
+    """Drop older builds of this image (each holds a full copy of its layers under vfs)."""
+    tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}", f"localhost/{var.image}", capture=True)
+    for tag in tags.split():
+        if tag not in (keep, f"localhost/{var.image}:latest"):
+            subprocess.run([*PODMAN, "rmi", tag], stdout=subprocess.DEVNULL)
+    subprocess.run([*PODMAN, "image", "prune", "-f"], stdout=subprocess.DEVNULL)
+
+
 def du(path: Path) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], text=True, check=True,
                               stdout=subprocess.PIPE).stdout.split()[0])
@@ -204,8 +213,10 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
     shutil.copy(ctx / "Containerfile", dest / "Containerfile")
     shutil.copy(ctx / f"{var.image}.def", dest / f"{var.image}.def")
     output = selftest(dest)
+    freeze = run([*PODMAN, "run", "--rm", *ULIMITS, "--rootfs", str(dest / "rootfs"),
+                  f"{var.venv}/bin/pip", "freeze", "--all"], stdout=subprocess.PIPE).stdout
     total_s = time.monotonic() - start
-    subprocess.run([*PODMAN, "image", "prune", "-f"], stdout=subprocess.DEVNULL)
+    prune(var, ref)
     record = {
         "image": var.image, "variant": var.name, "ref": ref, "key": key,
         "image_id": podman("image", "inspect", "--format", "{{.Id}}", ref, capture=True),
@@ -214,6 +225,8 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
         "env_file": str(dest / "env"), "labels": dict(var.labels()),
         "base_seconds": round(base_s, 1), "build_seconds": round(build_s, 1),
         "total_seconds": round(total_s, 1), "selftest": output.splitlines(), "cached": False,
+        # Every Python package in the image, transitive ones included.
+        "pip_freeze": freeze.splitlines(),
     }
     record_file.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     log(f"built {ref} in {total_s:.0f} s; image {record['image_size_bytes'] / 1e6:.0f} MB; "

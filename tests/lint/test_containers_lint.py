@@ -63,3 +63,14 @@ def test_shellcheck_passes_on_containerfile_run_steps() -> None:
     for body in runs:
         proc = _lint([_shellcheck(), "--shell", "bash", "-"], "#!/bin/bash\n" + body + "\n")
         assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("runtime", ["podman", "apptainer", "enroot"])
+def test_shellcheck_passes_on_rendered_container_job(runtime: str) -> None:
+    from pyhpc import cluster, paths, render
+
+    text = render.render("container", {"module": "pyhpc.train", "args": "--out run",
+                                       "runtime": runtime, "binds": "/srv/data"},
+                         cluster.load(paths.LAB_CLUSTER))
+    proc = _lint([_shellcheck(), "-"], text)
+    assert proc.returncode == 0, proc.stdout

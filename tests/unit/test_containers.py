@@ -176,3 +176,48 @@ def test_cli_startup_and_render_do_not_import_torch() -> None:
             "    cli.main(['containers', 'render', '--variant', 'cpu'])\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+JOB_VALUES = {"module": "pyhpc.train", "args": "--out run --mode synthetic",
+              "binds": "/srv/data,/tmp/with space"}
+
+
+@pytest.mark.parametrize("runtime", ["podman", "apptainer", "enroot"])
+def test_container_job_matches_golden(golden, runtime: str) -> None:
+    from pyhpc import cluster, paths, render
+
+    text = render.render("container", {**JOB_VALUES, "runtime": runtime},
+                         cluster.load(paths.LAB_CLUSTER))
+    golden.check(f"containers/container.sbatch.{runtime}", text)
+
+
+def test_container_job_wraps_the_bare_job_line() -> None:
+    from pyhpc import cluster, paths, render
+
+    lab = cluster.load(paths.LAB_CLUSTER)
+    bare = render.render("ddp-srun", {"module": "pyhpc.train", "args": "--out run"}, lab)
+    boxed = render.render("container", {"module": "pyhpc.train", "args": "--out run"}, lab)
+    srun_bare = next(line for line in bare.splitlines() if line.startswith("srun "))
+    srun_boxed = next(line for line in boxed.splitlines() if line.startswith("srun "))
+    head, _, tail = srun_bare.partition("/opt/pyhpc/venv/bin/python")
+    assert srun_boxed.startswith(head + "podman ")
+    assert srun_boxed.endswith(" --rootfs /opt/pyhpc/images/pyhpc-cpu/rootfs "
+                               "/opt/pyhpc/venv/bin/python" + tail)
+
+
+def test_container_job_quotes_every_value() -> None:
+    from pyhpc import cluster, paths, render
+
+    text = render.render("container", {"module": "pyhpc.train", "image": "/images/x; rm -rf /",
+                                       "binds": "/a$(id)"}, cluster.load(paths.LAB_CLUSTER))
+    assert "--env-file '/images/x; rm -rf //env'" in text
+    assert "--volume '/a$(id):/a$(id)'" in text
+
+
+def test_container_job_unknown_runtime_is_an_error() -> None:
+    from pyhpc import cluster, paths, render
+
+    with pytest.raises(render.RenderError,
+                       match="runtime: unknown container runtime docker; allowed: podman, apptainer, enroot"):
+        render.render("container", {"module": "pyhpc.train", "runtime": "docker"},
+                      cluster.load(paths.LAB_CLUSTER))
