@@ -1,0 +1,108 @@
+"""The framework image on the lab: built offline with podman, self-tested, run under Slurm.
+
+Real podman (vfs, runc, chroot isolation), real mmdebstrap, real sbatch/srun and
+torch.distributed (gloo) across the lab's two CPU nodes, each task in the image.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pyhpc import container_build
+
+pytestmark = pytest.mark.integration
+
+PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
+SRC = Path("/opt/pyhpc/src")
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE_DIR = Path("/opt/pyhpc/images/pyhpc-cpu")
+TEMPLATE = "slurm/jobs/container.sbatch.j2"
+
+
+def _pyhpc(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([PYHPC, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    print(proc.stdout, proc.stderr, sep="\n")
+    assert proc.returncode == 0, f"pyhpc {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def built() -> dict:
+    """`pyhpc containers build --variant cpu` (what `make containers` runs); cached when unchanged."""
+    for tool in ("podman", "runc", "mmdebstrap"):
+        assert shutil.which(tool), f"{tool} is missing: the containers role installs it (make deploy)"
+    assert (SRC / TEMPLATE).read_bytes() == (ROOT / TEMPLATE).read_bytes(), \
+        "/opt/pyhpc/src is older than this checkout; run make deploy"
+    proc = _pyhpc(ROOT, "containers", "build", "--variant", "cpu", timeout=1800)
+    assert "selftest: ok" in proc.stdout
+    return json.loads((IMAGE_DIR / "image.json").read_text())
+
+
+@pytest.fixture
+def work(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("containers")
+    path.chmod(0o755)
+    return path
+
+
+def test_built_image_self_test_reports_versions_and_no_gpu(built: dict) -> None:
+    lines = built["selftest"]
+    assert "torch: 2.13.0+cpu" in lines and "cuda: none" in lines and "nccl: none" in lines
+    assert "gpu visible: no" in lines and lines[-1] == "selftest: ok"
+    assert built["labels"]["org.pyhpc.torch"] == "2.13.0"
+    assert "torch==2.13.0+cpu" in built["pip_freeze"]
+    assert not [p for p in built["pip_freeze"] if p.startswith("nvidia-")], "CUDA wheels in the CPU image"
+    assert (IMAGE_DIR / "rootfs/opt/pyhpc/venv/bin/python").exists()
+
+
+def test_documented_oci_self_test_command_passes(built: dict) -> None:
+    proc = subprocess.run([*container_build.PODMAN, "run", "--rm", *container_build.ULIMITS,
+                           built["ref"], "pyhpc-selftest"], capture_output=True, text=True, timeout=600)
+    print(proc.stdout, proc.stderr)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "selftest: ok"
+
+
+def test_image_labels_carry_the_spec_pins(built: dict) -> None:
+    out = subprocess.run([*container_build.PODMAN, "image", "inspect", "--format", "{{json .Labels}}",
+                          built["ref"]], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == built["labels"]
+
+
+def test_second_build_is_cached_and_builds_nothing(built: dict) -> None:
+    proc = _pyhpc(ROOT, "containers", "build", "--variant", "cpu")
+    assert "is up to date" in proc.stdout and "building" not in proc.stdout
+    assert json.loads((IMAGE_DIR / "image.json").read_text())["image_id"] == built["image_id"]
+
+
+def test_two_node_job_runs_every_task_inside_the_image(built: dict, work: Path) -> None:
+    probe = work / "probe.py"
+    probe.write_text(
+        "import json, os, platform, torch\n"
+        "print('PROBE', json.dumps({'rank': os.environ['RANK'], 'node': os.environ['SLURMD_NODENAME'],"
+        " 'image': os.environ.get('PYHPC_IMAGE'), 'containerenv': os.path.exists('/run/.containerenv'),"
+        " 'torch': torch.__version__}))\n")
+    proc = _pyhpc(work, "submit", "container", "--nodes", "2", "--set", f"script={probe}",
+                  "--wait", "--json")
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    log = next(work.glob(f"*-{result['job_id']}.out")).read_text()
+    rows = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("PROBE ")]
+    assert sorted((r["rank"], r["node"]) for r in rows) == [("0", "cpu1"), ("1", "cpu2")]
+    assert all(r["image"] == "pyhpc-cpu" and r["containerenv"] for r in rows), rows
+
+
+def test_two_node_training_in_the_image_reports_throughput(built: dict, work: Path) -> None:
+    run = work / "ddp"
+    proc = _pyhpc(work, "submit", "container", "--nodes", "2", "--set", "module=pyhpc.train",
+                  "--set", f"args=--out {run} --epochs 2", "--wait", "--json")
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["workers"] == 2 and row["backend"] == "gloo" and row["job_id"] == result["job_id"]
+    assert set(row["nodes"].split(",")) == {"cpu1", "cpu2"}
+    assert row["samples_per_s"] > 0 and row["step_time_p50"] > 0
+    assert row["torch_version"] == "2.13.0+cpu"
