@@ -62,5 +62,8 @@ lab-up: venv ## Bring the lab up unless pyhpc doctor already finds it healthy.
 bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages alone, and an idempotent re-run (purges the lab).
 	$(PY) bench/deploy.py
 
+bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<name>.json.
+	/opt/pyhpc/venv/bin/python bench/containers.py
+
 containers: venv ## Build the CPU framework image offline (podman) into /opt/pyhpc/images; a no-op when the spec is unchanged.
 	$(PY) -m pyhpc containers build --variant cpu
