@@ -1,0 +1,193 @@
+"""Jobs on the lab cluster through the user-facing CLI (/opt/pyhpc/venv/bin/pyhpc).
+
+Real sbatch/srun/sacct, real submitit, real torch.distributed (gloo: the lab's
+GPUs are emulated). Every job is tiny: the machine has two cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
+SRC = Path("/opt/pyhpc/src")
+ROOT = Path(__file__).resolve().parents[2]
+SUMMARY_FIELDS = ("workers", "local_batch", "global_batch", "steps", "warmup_steps",
+                  "step_time_p50", "step_time_p90", "step_time_mean", "samples_per_s",
+                  "samples_per_s_per_worker", "torch_version", "backend", "job_id", "nodes",
+                  "mode", "model")
+#: Variables that make each shipped template renderable (same as the golden cases).
+TEMPLATES = {
+    "single": ["command=true"],
+    "node-gpus": ["module=pyhpc.train", "partition=gpu", "gpus_per_node=2"],
+    "ddp-srun": ["module=pyhpc.train", "nodes=2"],
+    "torchrun": ["module=pyhpc.train", "nodes=2"],
+    "array": ["command=echo", "values=1,2,3"],
+    "jupyter": [],
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deployed_copy_is_current() -> None:
+    """Jobs import pyhpc from /opt/pyhpc/src: it must be this checkout's code."""
+    stale = [str(p.relative_to(ROOT)) for d in ("pyhpc", "slurm/jobs") for p in (ROOT / d).glob("*")
+             if p.is_file() and p.suffix in (".py", ".j2")
+             and (not (SRC / p.relative_to(ROOT)).exists()
+                  or (SRC / p.relative_to(ROOT)).read_bytes() != p.read_bytes())]
+    assert not stale, f"/opt/pyhpc/src is older than this checkout ({stale}); run make deploy"
+
+
+@pytest.fixture
+def work(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("jobs")
+    path.chmod(0o755)
+    return path
+
+
+def pyhpc(work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([PYHPC, *args], cwd=work, capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, f"pyhpc {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def wait(work: Path, job_id: str, timeout: int = 240) -> str:
+    proc = pyhpc(work, "status", job_id, "--watch", "--interval", "1", "--json")
+    return json.loads(proc.stdout)[job_id]
+
+
+def sacct(job_id: str, fields: str = "JobID,State,NNodes") -> list[list[str]]:
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", fields],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+def read_history(run: Path) -> list[dict]:
+    return json.loads((run / "history.json").read_text())
+
+
+def check_run(run: Path, workers: int) -> dict:
+    """Every rank reported, loss went down, the metrics carry every field."""
+    ranks = [json.loads(line) for line in (run / "ranks.jsonl").read_text().splitlines()]
+    assert sorted(r["rank"] for r in ranks[-workers:]) == list(range(workers))
+    history = read_history(run)
+    assert history[-1]["loss"] < history[0]["loss"]
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in SUMMARY_FIELDS:
+        assert row.get(key) not in (None, ""), key
+    assert row["workers"] == workers and row["backend"] == "gloo"
+    assert row["global_batch"] == workers * row["local_batch"]
+    assert (run / "metrics.csv").read_text().count("\n") >= 2
+    return row
+
+
+def test_two_node_data_parallel_job_via_submit_completes(work: Path) -> None:
+    run = work / "ddp"
+    proc = pyhpc(work, "submit", "ddp-srun", "--nodes", "2", "--set", "module=pyhpc.train",
+                 "--set", f"args=--out {run} --epochs 3", "--wait", "--json")
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    assert sacct(result["job_id"]) == [[result["job_id"], "COMPLETED", "2"]]
+    row = check_run(run, workers=2)
+    assert set(row["nodes"].split(",")) == {"cpu1", "cpu2"}
+    assert row["job_id"] == result["job_id"]
+
+
+def test_torchrun_template_runs_on_two_nodes(work: Path) -> None:
+    run = work / "torchrun"
+    proc = pyhpc(work, "submit", "torchrun", "--nodes", "2", "--set", "module=pyhpc.train",
+                 "--set", f"args=--out {run} --epochs 2", "--wait", "--json")
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    row = check_run(run, workers=2)
+    assert len(row["nodes"].split(",")) == 2
+
+
+def test_array_job_completes_all_tasks(work: Path) -> None:
+    proc = pyhpc(work, "submit", "array", "--set", "command=echo value", "--set",
+                 "values=a,b c,d", "--wait", "--json")
+    job = json.loads(proc.stdout)["job_id"]
+    assert json.loads(proc.stdout)["state"] == "COMPLETED"
+    rows = sacct(job, "JobID,State")
+    assert sorted(rows) == [[f"{job}_{i}", "COMPLETED"] for i in range(3)]
+    outputs = {i: (work / f"array-{job}_{i}.out").read_text() for i in range(3)}
+    assert "value a\n" in outputs[0] and "value b c\n" in outputs[1] and "value d\n" in outputs[2]
+
+
+def test_requeued_job_resumes_from_its_checkpoint_with_the_exact_epoch_count(work: Path) -> None:
+    run = work / "requeue"
+    epochs = 6
+    proc = pyhpc(work, "train", "--nodes", "2", "--mode", "synthetic", "--synthetic-samples",
+                 "2048", "--epochs", str(epochs), "--out", str(run), "--json")
+    job = json.loads(proc.stdout)["job_id"]
+    deadline = time.monotonic() + 180
+    while not ((run / "history.json").exists() and len(read_history(run)) >= 2):
+        assert time.monotonic() < deadline, "no two epochs checkpointed in time"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    # Slurm holds a requeued batch job for a while (BeginTime); let it go now.
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+    assert wait(work, job) == "COMPLETED"
+    history = read_history(run)
+    assert [h["epoch"] for h in history] == list(range(epochs))
+    attempts = [h["attempt"] for h in history]
+    assert attempts[0] == 0 and attempts[-1] == 1, attempts
+    log = "".join(p.read_text() for p in (work / "pyhpc-jobs" / job).glob("*_log.*"))
+    assert "pyhpc.train: resuming from checkpoint after epoch" in log
+    check_run(run, workers=2)
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_rendered_template_passes_sbatch_test_only(work: Path, template: str) -> None:
+    sets = [arg for kv in TEMPLATES[template] for arg in ("--set", kv)]
+    proc = pyhpc(work, "submit", template, *sets, "--test-only", "--json")
+    assert "to start at" in json.loads(proc.stdout)["test_only"]
+
+
+def test_hostile_job_name_creates_no_file(work: Path) -> None:
+    marker = Path(f"/tmp/pyhpc-pwned-{uuid.uuid4().hex}")
+    hostile = f'x"; touch {marker}; #'
+    proc = pyhpc(work, "submit", "single", "--set", "command=echo inert", "--set",
+                 f"job_name={hostile}", "--wait", "--json")
+    job = json.loads(proc.stdout)["job_id"]
+    assert json.loads(proc.stdout)["state"] == "COMPLETED"
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert f"JobName={hostile}" in shown or not shown
+    assert not marker.exists()
+    assert "inert" in pyhpc(work, "logs", job).stdout
+
+
+def test_function_submission_runs_on_every_task(work: Path) -> None:
+    proc = pyhpc(work, "submit", "socket:gethostname", "--nodes", "2", "--wait", "--json")
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    job = result["job_id"]
+    assert {p.name for p in (work / "pyhpc-jobs" / job).glob("*_result.pkl")} == {
+        f"{job}_0_result.pkl", f"{job}_1_result.pkl"}
+
+
+def test_scale_sweep_reports_throughput_and_efficiency(work: Path) -> None:
+    sweep = work / "sweep"
+    proc = pyhpc(work, "scale", "--nodes", "1,2", "--batch-sizes", "32", "--mode", "synthetic",
+                 "--epochs", "1", "--interval", "1", "--out", str(sweep), "--json")
+    report = json.loads(proc.stdout)
+    runs = {r["workers"]: r for r in report["runs"]}
+    assert set(runs) == {1, 2} and runs[1]["efficiency"] == pytest.approx(1.0)
+    assert 0 < runs[2]["efficiency"] and runs[2]["scaling"] == "weak"
+    assert Path(report["png"]).read_bytes()[:4] == b"\x89PNG"
+    table = pyhpc(work, "report", str(sweep)).stdout
+    assert "samples/s" in table and "efficiency" in table
+
+
+def test_cancel_and_status(work: Path) -> None:
+    proc = pyhpc(work, "submit", "single", "--set", "command=sleep 120", "--json")
+    job = json.loads(proc.stdout)["job_id"]
+    pyhpc(work, "cancel", job)
+    assert wait(work, job) == "CANCELLED"
