@@ -148,6 +148,22 @@ def test_second_deploy_changes_nothing(redeploys: list[subprocess.CompletedProce
     assert "RUNNING HANDLER" not in redeploys[-1].stdout
 
 
+def test_changed_config_restarts_only_the_daemons_it_affects(
+        redeploys: list[subprocess.CompletedProcess[str]]) -> None:
+    """cgroup.conf concerns only slurmd, slurmdbd.conf only slurmdbd."""
+    before = daemon_pids()
+    for path in ("/etc/slurm/cgroup.conf", "/etc/slurm/slurmdbd.conf"):
+        with open(path, "a") as conf:
+            conf.write("# edited by hand\n")
+    proc = make("deploy")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    after = daemon_pids()
+    restarted = {name for name in before if before[name] != after[name]}
+    expected = {"slurmdbd.pid"} | {f"slurmd-{n.name}.pid" for n in LAB.nodes}
+    assert restarted == expected
+    assert "# edited by hand" not in Path("/etc/slurm/cgroup.conf").read_text()
+
+
 def test_secrets_have_strict_modes() -> None:
     for path, mode, owner in [("/etc/munge/munge.key", 0o400, "munge"),
                               ("/etc/slurm/slurmdbd.conf", 0o600, "slurm"),
