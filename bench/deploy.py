@@ -1,0 +1,124 @@
+"""Benchmark `make deploy`: fresh deploy vs. installing its Debian packages alone.
+
+In one run: purge the cluster (`make undeploy PURGE=1`), time `apt-get install`
+of exactly the roles' package lists, purge again, time a fresh `make deploy`,
+then time an idempotent re-run. Prints the figures and writes
+bench/results/deploy.json. Targets (issue 2): fresh deploy <= 1.5x the package
+install, re-run <= 60 s. This purges the lab: it is down for a few minutes and
+comes back up at the end (also when a step fails).
+
+    python bench/deploy.py            # the benchmark (purges and redeploys)
+    python bench/deploy.py --dry-run  # print the plan and package list only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLES = ROOT / "ansible" / "roles"
+RESULT = ROOT / "bench" / "results" / "deploy.json"
+FRESH_RATIO_TARGET = 1.5
+RERUN_TARGET_S = 60.0
+RECAP = re.compile(r"^\S+\s+: ok=\d+\s+changed=(\d+)", re.M)
+ROLE_TIME = re.compile(r"^(\S+) -+ (\d+\.\d+)s$", re.M)
+
+
+def packages() -> list[str]:
+    """The Debian packages the roles install (vars/Debian.yml of each role), in order."""
+    names: list[str] = []
+    for role in ("munge", "slurm", "pyhpc_login"):
+        data = yaml.safe_load((ROLES / role / "vars" / "Debian.yml").read_text())
+        for key, value in data.items():
+            if not key.endswith("packages"):
+                continue
+            groups = value.values() if isinstance(value, dict) else [value]
+            names += [p for group in groups for p in group if p not in names]
+    return names
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Run a command (output to our stdout and captured), return wall seconds and output."""
+    print(f"$ {' '.join(argv)}", flush=True)
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        sys.stdout.write(out[-4000:])
+        raise SystemExit(f"bench: {' '.join(argv)} exited {proc.returncode}")
+    print(f"  {wall:.1f} s", flush=True)
+    return wall, out
+
+
+def make(*args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
+    return timed(["make", "--no-print-directory", *args], env)
+
+
+def run_benchmark(pkgs: list[str]) -> dict[str, object]:
+    apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    make("undeploy", "PURGE=1")
+    install_s, _ = timed(["apt-get", "install", "-y", "-q", *pkgs], apt_env)
+    make("undeploy", "PURGE=1")
+    profile_env = dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_roles")
+    fresh_s, fresh_out = make("deploy", env=profile_env)
+    rerun_s, rerun_out = make("deploy")
+    changed = [int(c) for c in RECAP.findall(rerun_out)]
+    ratio = fresh_s / install_s
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
+        "packages": pkgs,
+        "package_install_s": round(install_s, 1),
+        "fresh_deploy_s": round(fresh_s, 1),
+        "fresh_deploy_roles_s": {r: float(s) for r, s in ROLE_TIME.findall(fresh_out)},
+        "rerun_s": round(rerun_s, 1),
+        "rerun_changed": changed,
+        "fresh_over_packages": round(ratio, 2),
+        "targets": {"fresh_over_packages_max": FRESH_RATIO_TARGET, "rerun_max_s": RERUN_TARGET_S},
+        "met": {"fresh": ratio <= FRESH_RATIO_TARGET, "rerun": rerun_s <= RERUN_TARGET_S},
+        "notes": "apt cache pre-populated (no downloads); the fresh deploy includes building "
+                 "/opt/pyhpc/venv (torch CPU wheel from /opt/wheels) after PURGE=1 removed it",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    args = parser.parse_args()
+    pkgs = packages()
+    if args.dry_run:
+        print("packages:", " ".join(pkgs))
+        print("plan: make undeploy PURGE=1; time apt-get install -y <packages>; "
+              "make undeploy PURGE=1; time make deploy; time make deploy")
+        print(f"writes {RESULT.relative_to(ROOT)}")
+        return 0
+    try:
+        result = run_benchmark(pkgs)
+    finally:
+        if subprocess.run(["make", "--no-print-directory", "-s", "lab-up"], cwd=ROOT,
+                          check=False).returncode != 0:
+            print("bench: the lab did not come back up; run make deploy", file=sys.stderr)
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"package install  {result['package_install_s']:7.1f} s")
+    print(f"fresh deploy     {result['fresh_deploy_s']:7.1f} s  "
+          f"({result['fresh_over_packages']}x packages; target <= {FRESH_RATIO_TARGET}x)")
+    print(f"re-run           {result['rerun_s']:7.1f} s  "
+          f"(changed={result['rerun_changed']}; target <= {RERUN_TARGET_S:.0f} s)")
+    print(f"wrote {RESULT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
