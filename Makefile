@@ -64,6 +64,8 @@ bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages
 
 bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<name>.json.
 	/opt/pyhpc/venv/bin/python bench/containers.py
+	$(PY) bench/jobs.py
+	@if [ -f bench/deploy.py ]; then $(MAKE) bench-deploy; fi
 
 containers: venv ## Build the CPU framework image offline (podman) into /opt/pyhpc/images; a no-op when the spec is unchanged.
 	$(PY) -m pyhpc containers build --variant cpu
