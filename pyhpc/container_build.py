@@ -38,6 +38,8 @@ from pyhpc.containers import ContainerError, Variant
 PODMAN = ["podman", "--storage-driver", "vfs", "--runtime", "runc",
           "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
 ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+#: Bump when image.json gains fields, so cached records are rebuilt with them.
+RECORD_VERSION = 2
 CACHE = Path(os.environ.get("PYHPC_CONTAINER_CACHE", "/var/cache/pyhpc/containers"))
 
 
@@ -116,7 +118,8 @@ def prepare_context(var: Variant, ctx: Path) -> tuple[str, str]:
         (ctx / name).write_text(text)
     for name in containers.SCRIPTS:
         (ctx / name).chmod(0o755)
-    key = hashlib.sha256(json.dumps([files, base_recipe(var)], sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([files, base_recipe(var), RECORD_VERSION],
+                                    sort_keys=True).encode()).hexdigest()
     wheels = ctx / "wheels"
     wheels.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
