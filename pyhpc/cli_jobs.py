@@ -89,9 +89,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         if kind == "template":
             values = {**render.parse_sets(args.set), **given}
-            text = render.render(args.target, values, _cluster())
-            name = Path(args.target).name.split(".")[0]
-            script, options = submit.write_script(text, name), []
+            job = submit.submit_template(args.target, values, _cluster(), args.test_only)
+            result.update(script=str(job.script), **({"test_only": job.job_id} if args.test_only
+                                                     else {"job_id": job.job_id}))
         else:
             if args.set:
                 raise SubmitError("--set: only templates take variables; "
@@ -107,9 +107,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             flag = {"tasks_per_node": "ntasks-per-node"}
             options = [f"--{flag.get(k, k.replace('_', '-'))}={getattr(spec, k, None) or given[k]}"
                        for k in given]
-        out = submit.sbatch(script, options, test_only=args.test_only)
-        result.update(script=str(script), **({"test_only": out} if args.test_only
-                                             else {"job_id": out}))
+            out = submit.sbatch(script, options, test_only=args.test_only)
+            result.update(script=str(script), **({"test_only": out} if args.test_only
+                                                 else {"job_id": out}))
     if args.wait and "job_id" in result:
         from pyhpc import watch
 

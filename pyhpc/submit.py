@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +149,23 @@ def sbatch(script: str | Path, options: Sequence[str] = (), test_only: bool = Fa
     return proc.stdout.strip().split(";")[0]
 
 
+def submit_script(script: str | Path, spec: JobSpec | None = None,
+                  cluster: Cluster | None = None, test_only: bool = False) -> ScriptJob:
+    """sbatch an existing script; a ``spec`` (checked first) overrides its #SBATCH lines."""
+    options = sbatch_args(check(spec, cluster_or_default(cluster))) if spec else []
+    return ScriptJob(sbatch(script, options, test_only=test_only), Path(script))
+
+
+def submit_template(template: str, values: dict[str, Any], cluster: Cluster | None = None,
+                    test_only: bool = False) -> ScriptJob:
+    """Render a job template (see :mod:`pyhpc.render`), save it, and sbatch it."""
+    from pyhpc import render
+
+    text = render.render(template, values, cluster_or_default(cluster))
+    script = write_script(text, Path(template).name.split(".")[0])
+    return ScriptJob(sbatch(script, test_only=test_only), script)
+
+
 def write_script(text: str, name: str, folder: Path = DEFAULT_FOLDER / "scripts") -> Path:
     """Save a rendered script under a content-addressed name, so it can be read later."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -157,3 +176,13 @@ def write_script(text: str, name: str, folder: Path = DEFAULT_FOLDER / "scripts"
         tmp.write_text(text)
         os.replace(tmp, path)
     return path
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``pyhpc.submit(fn, ...)`` call :func:`submit` while ``pyhpc.submit`` stays a module."""
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return submit(fn, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

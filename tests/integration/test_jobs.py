@@ -173,6 +173,38 @@ def test_function_submission_runs_on_every_task(work: Path) -> None:
         f"{job}_0_result.pkl", f"{job}_1_result.pkl"}
 
 
+API_SCRIPT = """
+import json, os
+import pyhpc
+
+
+def where():
+    import torch.distributed as td
+    return {"rank": td.get_rank(), "world": td.get_world_size(), "backend": td.get_backend(),
+            "node": os.environ["SLURMD_NODENAME"], "master": os.environ["MASTER_ADDR"]}
+
+
+job = pyhpc.submit(where, nodes=2, partition="gpu", gpus_per_node=2, folder="api/%j")
+print(json.dumps({"job_id": job.job_id, "results": job.results()}))
+"""
+
+
+def test_python_api_sets_up_torch_distributed_on_every_task(work: Path) -> None:
+    (work / "api.py").write_text(API_SCRIPT)
+    proc = subprocess.run(["/opt/pyhpc/venv/bin/python", "api.py"], cwd=work,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    results = out["results"]
+    # gpu partition: one task per (emulated) GPU, 2 nodes x 2 GPUs; gloo since no CUDA.
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    assert {r["world"] for r in results} == {4} and {r["backend"] for r in results} == {"gloo"}
+    assert sorted(r["node"] for r in results) == ["gpu1", "gpu1", "gpu2", "gpu2"]
+    assert {r["master"] for r in results} == {"gpu1"}
+    assert wait(work, out["job_id"]) == "COMPLETED"
+    assert sacct(out["job_id"]) == [[out["job_id"], "COMPLETED", "2"]]
+
+
 def test_scale_sweep_reports_throughput_and_efficiency(work: Path) -> None:
     sweep = work / "sweep"
     proc = pyhpc(work, "scale", "--nodes", "1,2", "--batch-sizes", "32", "--mode", "synthetic",

@@ -1,0 +1,95 @@
+"""The Python API: pyhpc.submit(fn, ...) and script submission, against fake Slurm tools."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pyhpc
+from pyhpc import cluster, paths
+from pyhpc.jobspec import JobSpec, JobSpecError
+from pyhpc.submit import SubmitError, submit_script, submit_template
+
+FAKE = """#!/bin/bash
+echo "$(basename "$0") $*" >> "{log}"
+case " $* " in *" --parsable "*) echo "4243" ;; *) echo "Submitted batch job 4243" ;; esac
+"""
+
+
+@pytest.fixture
+def fake_sbatch(monkeypatch, tmp_path: Path) -> Path:
+    log = tmp_path / "calls.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "squeue", "sacct", "scontrol", "scancel"):
+        (bin_dir / tool).write_text(FAKE.format(log=log))
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    return log
+
+
+@pytest.fixture
+def lab() -> cluster.Cluster:
+    return cluster.load(paths.LAB_CLUSTER)
+
+
+def test_import_pyhpc_does_not_import_submitit_or_torch() -> None:
+    code = "import sys, pyhpc; print('submitit' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"nodes": 0}, r"^nodes: must be an integer >= 1, got 0"),
+    ({"partition": "bigmem"}, r"^partition: unknown partition 'bigmem'; allowed: cpu, gpu"),
+    ({"gpus_per_node": 1}, r"^gpus_per_node: partition 'cpu' has 0 GPUs"),
+])
+def test_bad_request_raises_before_anything_is_submitted(kwargs, message, fake_sbatch: Path,
+                                                         lab: cluster.Cluster) -> None:
+    with pytest.raises(JobSpecError, match=message):
+        pyhpc.submit(print, cluster=lab, **kwargs)
+    assert not fake_sbatch.exists()
+
+
+def test_submit_maps_the_request_onto_submitit(fake_sbatch: Path, lab: cluster.Cluster) -> None:
+    job = pyhpc.submit(print, "hello", nodes=2, gpus_per_node=2, partition="gpu", cluster=lab,
+                       folder="jobs/%j")
+    assert job.job_id == "4243"
+    (call,) = [c for c in fake_sbatch.read_text().splitlines() if c.startswith("sbatch")]
+    text = Path(call.split()[-1]).read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --gpus-per-node=2",
+                 "#SBATCH --partition=gpu", "#SBATCH --requeue", "#SBATCH --signal=USR2@90"):
+        assert line in text
+
+
+def test_cpu_partition_gets_one_task_per_node_and_no_gpu_flag(fake_sbatch: Path,
+                                                               lab: cluster.Cluster) -> None:
+    pyhpc.submit(print, nodes=2, cluster=lab, folder="jobs/%j")
+    (call,) = [c for c in fake_sbatch.read_text().splitlines() if c.startswith("sbatch")]
+    text = Path(call.split()[-1]).read_text()
+    assert "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --partition=cpu" in text
+    assert "gpus" not in text and "gres" not in text
+
+
+def test_submit_template_saves_the_script_and_returns_a_handle(fake_sbatch: Path,
+                                                                lab: cluster.Cluster) -> None:
+    job = submit_template("single", {"command": "true"}, lab)
+    assert job.job_id == "4243" and job.script.read_text().startswith("#!/bin/bash")
+    assert fake_sbatch.read_text().split() == ["sbatch", "--parsable", str(job.script)]
+
+
+def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: cluster.Cluster,
+                                                     tmp_path: Path) -> None:
+    with pytest.raises(SubmitError, match=r"^script: no such file 'nope.sh'"):
+        submit_script("nope.sh", cluster=lab)
+    (tmp_path / "ok.sh").write_text("#!/bin/bash\n")
+    with pytest.raises(JobSpecError, match=r"^nodes: must be"):
+        submit_script("ok.sh", JobSpec(nodes=0), cluster=lab)
+    assert not fake_sbatch.exists()
+    job = submit_script("ok.sh", JobSpec(nodes=2), cluster=lab)
+    assert fake_sbatch.read_text().split() == [
+        "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu", "ok.sh"]
+    assert job.job_id == "4243"
