@@ -66,8 +66,11 @@ def test_every_command_has_help(command: str, capsys) -> None:
 
 
 def test_startup_and_render_do_not_import_torch() -> None:
-    code = ("import sys; from pyhpc import cli; cli.build_parser().format_help();"
-            "cli.main(['render', 'single', '--set', 'command=true']);"
+    code = ("import sys; from pyhpc import cli; cli.build_parser().format_help();\n"
+            f"for c in {COMMANDS!r}:\n"
+            "    try: cli.main([c, '--help'])\n"
+            "    except SystemExit: pass\n"
+            "cli.main(['render', 'single', '--set', 'command=true'])\n"
             "print('torch' in sys.modules, 'submitit' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYHPC_CLUSTER": str(paths.LAB_CLUSTER), "PATH": "/usr/bin:/bin"})
