@@ -205,18 +205,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_scale(args: argparse.Namespace) -> int:
     from pyhpc import watch
 
+    from pyhpc.jobspec import JobSpec, check
+
     nodes, batches = _int_list("nodes", args.nodes), _int_list("batch_sizes", args.batch_sizes)
-    out, jobs = Path(args.out), {}
+    out, jobs, plan = Path(args.out), {}, []
     tasks = args.tasks_per_node or max(args.gpus_per_node, 1)
-    for n in nodes:
+    for n in nodes:  # check the whole sweep first: a bad point submits nothing
+        check(JobSpec(nodes=n, tasks_per_node=tasks, gpus_per_node=args.gpus_per_node,
+                      partition=args.partition), _cluster())
         for b in batches:
             workers = n * tasks
             if args.scaling == "strong" and b % workers:
                 raise JobSpecError(f"batch_sizes: global batch {b} does not divide over "
                                    f"{workers} workers (strong scaling)")
             local = b if args.scaling == "weak" else b // workers
-            cfg = _train_config(args, out / f"nodes{n}-batch{b}", local)
-            jobs[str(_submit_train(args, cfg, n).job_id)] = cfg.out
+            plan.append((n, _train_config(args, out / f"nodes{n}-batch{b}", local)))
+    for n, cfg in plan:
+        jobs[str(_submit_train(args, cfg, n).job_id)] = cfg.out
     states = watch.watch(list(jobs), interval_s=args.interval)
     result = {"jobs": {j: {"out": o, "state": states[j]} for j, o in jobs.items()}}
     if all(s == "COMPLETED" for s in states.values()):

@@ -143,6 +143,9 @@ ERRORS = [
     (["submit", "os:getcwd", "--gpus-per-node", "1"], "gpus_per_node: partition 'cpu' has 0 GPUs"),
     (["train", "--gpus-per-node", "1"], "gpus_per_node: partition 'cpu' has 0 GPUs"),
     (["scale", "--nodes", "1,0", "--out", "sweep"], "nodes: must be integers >= 1"),
+    (["scale", "--nodes", "1,3", "--out", "sweep"], "nodes: partition 'cpu' has 2 nodes, 3 requested"),
+    (["scale", "--nodes", "1,2", "--batch-sizes", "33", "--scaling", "strong", "--out", "sweep"],
+     "batch_sizes: global batch 33 does not divide over 2 workers"),
     (["submit", "nosuchmodule:main"], "target: cannot import module 'nosuchmodule'"),
 ]
 
