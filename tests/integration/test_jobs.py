@@ -110,6 +110,29 @@ def test_torchrun_template_runs_on_two_nodes(work: Path) -> None:
     assert len(row["nodes"].split(",")) == 2
 
 
+def test_single_node_template_runs_one_task_per_gpu(work: Path) -> None:
+    run = work / "node-gpus"
+    proc = pyhpc(work, "submit", "node-gpus", "--partition", "gpu", "--gpus-per-node", "2",
+                 "--set", "module=pyhpc.train", "--set", f"args=--out {run} --epochs 2",
+                 "--wait", "--json")
+    assert json.loads(proc.stdout)["state"] == "COMPLETED"
+    row = check_run(run, workers=2)
+    assert len(row["nodes"].split(",")) == 1 and row["nodes"].startswith("gpu")
+
+
+def test_jupyter_template_prints_the_ssh_tunnel(work: Path) -> None:
+    # `echo` stands in for JupyterLab (not part of the job runtime): the job prints the
+    # tunnel command, then "starts" the server with the arguments it would get.
+    proc = pyhpc(work, "submit", "jupyter", "--set", "jupyter=echo started", "--set",
+                 "port=8899", "--set", "login_host=login.example.org", "--wait", "--json")
+    job = json.loads(proc.stdout)["job_id"]
+    assert json.loads(proc.stdout)["state"] == "COMPLETED"
+    log = pyhpc(work, "logs", job).stdout
+    node = sacct(job, "NodeList")[0][0]
+    assert f"ssh -N -L 8899:{node}:8899 root@login.example.org" in log
+    assert "started --no-browser --ip=0.0.0.0 --port=8899" in log
+
+
 def test_array_job_completes_all_tasks(work: Path) -> None:
     proc = pyhpc(work, "submit", "array", "--set", "command=echo value", "--set",
                  "values=a,b c,d", "--wait", "--json")
