@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-PLAYBOOKS = ["ansible/site.yml", "ansible/undeploy.yml"]
+PLAYBOOKS = ["ansible/site.yml", "ansible/validate.yml", "ansible/undeploy.yml"]
 
 
 def _run(argv: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
