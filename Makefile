@@ -49,7 +49,7 @@ deploy: venv ## Deploy the lab (or INVENTORY=dir for a real cluster; CLUSTER=fil
 	@echo "=== make deploy INVENTORY=$(INVENTORY) CLUSTER=$(CLUSTER) ($$(date -u +%FT%TZ))" >> $(DEPLOY_LOG)
 	$(ANSIBLE_PLAYBOOK) $(ANSIBLE_FLAGS) ansible/site.yml 2>&1 | tee -a $(DEPLOY_LOG)
 
-undeploy: venv ## Stop every pyhpc daemon; PURGE=1 also removes packages, state, the database, keys and /opt/pyhpc.
+undeploy: venv ## Stop every pyhpc daemon; PURGE=1 also purges packages, state, database, keys, /opt/pyhpc/{venv,src}.
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	$(ANSIBLE_PLAYBOOK) -e pyhpc_purge=$(if $(PURGE),true,false) $(ANSIBLE_FLAGS) ansible/undeploy.yml 2>&1 | tee .deploy/undeploy.log
 
@@ -69,3 +69,6 @@ bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<
 
 containers: venv ## Build the CPU framework image offline (podman) into /opt/pyhpc/images; a no-op when the spec is unchanged.
 	$(PY) -m pyhpc containers build --variant cpu
+
+purge: ## Same as `make undeploy PURGE=1`: stop daemons, purge packages, state, database and keys.
+	$(MAKE) --no-print-directory undeploy PURGE=1
