@@ -111,3 +111,17 @@ def test_two_node_training_in_the_image_reports_throughput(built: dict, work: Pa
     assert set(row["nodes"].split(",")) == {"cpu1", "cpu2"}
     assert row["samples_per_s"] > 0 and row["step_time_p50"] > 0
     assert row["torch_version"] == "2.13.0+cpu"
+
+
+def test_apptainer_def_builds_and_passes_its_self_test(tmp_path: Path) -> None:
+    """Real clusters with container_runtime apptainer; this lab runs podman."""
+    if shutil.which("apptainer") is None:
+        pytest.skip("apptainer is not installed: it is not in Debian, and this lab's "
+                    "container_runtime is podman (install it with the containers role's "
+                    "containers_deb_files to run this test)")
+    _pyhpc(ROOT, "containers", "build", "--variant", "cpu", "--context-only", cli=MAKE_CONTAINERS)
+    ctx = container_build.CACHE / "cpu"
+    sif = tmp_path / "pyhpc-cpu.sif"
+    subprocess.run(["apptainer", "build", str(sif), "pyhpc-cpu.def"], cwd=ctx, check=True, timeout=1800)
+    proc = subprocess.run(["apptainer", "test", str(sif)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "selftest: ok" in proc.stdout, proc.stdout + proc.stderr
