@@ -155,8 +155,16 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_exact_epoch_count(wor
         assert time.monotonic() < deadline, "no two epochs checkpointed in time"
         time.sleep(0.5)
     subprocess.run(["scontrol", "requeue", job], check=True)
-    # Slurm holds a requeued batch job for a while (BeginTime); let it go now.
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+    # Slurm holds a requeued batch job for a while (BeginTime); once it is pending again,
+    # let it go now rather than waiting minutes.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                               text=True).stdout.strip()
+        if state == "PENDING" and subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "StartTime=now"]).returncode == 0:
+            break
+        time.sleep(0.5)
     assert wait(work, job) == "COMPLETED"
     history = read_history(run)
     assert [h["epoch"] for h in history] == list(range(epochs))
