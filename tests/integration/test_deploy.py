@@ -120,6 +120,17 @@ def test_gpu_job_schedules_and_completes_on_the_gpu_partition(tmp_path: Path) ->
     assert devices == "0,1"
 
 
+def test_definition_accounts_and_users_have_associations() -> None:
+    out = sh("sacctmgr", "--noheader", "--parsable2", "show", "associations",
+             f"cluster={LAB.name}", "format=account,user").stdout.splitlines()
+    for account in LAB.accounts:
+        assert f"{account.name}|" in out
+        for user in account.users:
+            assert f"{account.name}|{user}" in out
+    conf = Path("/etc/slurm/slurm.conf").read_text()
+    assert "AccountingStorageEnforce=associations" in conf
+
+
 def test_pyhpc_doctor_passes(redeploys: list[subprocess.CompletedProcess[str]]) -> None:
     """The deployed pyhpc (/opt/pyhpc, refreshed by the deploys) finds the cluster healthy."""
     proc = sh("/opt/pyhpc/venv/bin/pyhpc", "doctor", check=False)
