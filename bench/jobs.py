@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,45 +124,49 @@ def bench_overhead(work: Path, reps: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _sbatch_held(tries: int = 5) -> str:
-    cmd = ["sbatch", "--parsable", "--hold", "-J", "bench-watch", "-o", "/dev/null",
-           "--wrap", "true"]
+def _sbatch_tiny(tries: int = 5) -> str:
+    cmd = ["sbatch", "--parsable", "-J", "bench-watch", "-o", "/dev/null", "--wrap", "true"]
     for _ in range(tries):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode == 0:
             return proc.stdout.strip().split(";")[0]
         time.sleep(1)  # slurmctld busy (e.g. reconfiguring): try again
-    raise RuntimeError(f"sbatch --hold failed: {proc.stderr.strip()}")
+    raise RuntimeError(f"sbatch failed: {proc.stderr.strip()}")
 
 
-def bench_watch(jobs: int, polls: int) -> dict:
-    """Submit held jobs, poll them with pyhpc.watch, count every process spawned."""
+def bench_watch(jobs: int, interval_s: float = 1.0, timeout_s: float = 240.0) -> dict:
+    """Submit ``jobs`` tiny jobs and watch them to the end with pyhpc.watch.query,
+    counting every process spawned while watching (polls are counted separately)."""
     from pyhpc import watch
 
-    ids = []
+    ids = [_sbatch_tiny() for _ in range(jobs)]
+    spawned: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    class CountingPopen(real_popen):  # type: ignore[misc, valid-type]
+        def __init__(self, args, *a, **kw):  # noqa: ANN001
+            spawned.append(list(args))
+            super().__init__(args, *a, **kw)
+
+    polls, seen, start = 0, set(), time.monotonic()
+    subprocess.Popen = CountingPopen  # type: ignore[misc]
     try:
-        for _ in range(jobs):
-            ids.append(_sbatch_held())
-        spawned: list[list[str]] = []
-        real_popen = subprocess.Popen
-
-        class CountingPopen(real_popen):  # type: ignore[misc, valid-type]
-            def __init__(self, args, *a, **kw):  # noqa: ANN001
-                spawned.append(list(args))
-                super().__init__(args, *a, **kw)
-
-        subprocess.Popen = CountingPopen  # type: ignore[misc]
-        try:
-            states = [watch.query(ids) for _ in range(polls)]
-        finally:
-            subprocess.Popen = real_popen  # type: ignore[misc]
+        while True:
+            states = watch.query(ids)
+            polls += 1
+            seen |= set(states.values())
+            if all(s in watch.TERMINAL for s in states.values()):
+                break
+            if time.monotonic() - start > timeout_s:
+                break
+            time.sleep(interval_s)
     finally:
-        if ids:
-            subprocess.run(["scancel", *ids], check=False)
-    seen = {s for poll in states for s in poll.values()}
+        subprocess.Popen = real_popen  # type: ignore[misc]
+        subprocess.run(["scancel", "-n", "bench-watch"], check=False)
     return {"jobs": len(ids), "polls": polls, "processes_spawned": len(spawned),
             "queries_per_poll": len(spawned) / polls, "commands": sorted({c[0] for c in spawned}),
-            "states_seen": sorted(seen), "target": "1"}
+            "states_seen": sorted(seen), "final_states": dict(sorted(Counter(states.values()).items())),
+            "watch_s": round(time.monotonic() - start, 1), "target": "1"}
 
 
 def main() -> int:
@@ -185,7 +190,7 @@ def main() -> int:
     print(f"(b) samples/s (best of {overhead['reps']}): harness {overhead['best_harness']:.1f}, "
           f"uninstrumented {overhead['best_plain']:.1f}, ratio {overhead['ratio']:.3f} "
           f"(target >= 0.99; ratio of medians {overhead['ratio_of_medians']:.3f})")
-    watched = bench_watch(100, 5)
+    watched = bench_watch(100)
     print(f"(c) watching {watched['jobs']} jobs: {watched['queries_per_poll']:.0f} Slurm "
           f"query per poll ({watched['processes_spawned']} processes in {watched['polls']} polls)")
     result = {
