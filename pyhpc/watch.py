@@ -29,7 +29,8 @@ class WatchError(RuntimeError):
 def _command(job_ids: Sequence[str], source: str) -> list[str]:
     ids = ",".join(job_ids)
     if source == "sacct":
-        return ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ids]
+        # No -X: Slurm 22.05's sacct -X drops array tasks; step lines are skipped below.
+        return ["sacct", "-n", "-P", "-o", "JobID,State", "-j", ids]
     if source == "squeue":
         return ["squeue", "-h", "-r", "-o", "%i|%T", "-j", ids]
     raise WatchError(f"source: {source!r} is not allowed; allowed: {', '.join(SOURCES)}")
@@ -62,6 +63,8 @@ def query(job_ids: Sequence[str], source: str = "sacct", runner: Runner | None =
         if "|" not in line:
             continue
         jid, state = line.split("|", 1)
+        if "." in jid:  # a job step (123.batch, 123.0): the job's own line has its state
+            continue
         base = jid.split("_")[0].split("+")[0]
         per_job.setdefault(base, []).append(state.split()[0] if state.split() else UNKNOWN)
     out: dict[str, str] = {}

@@ -34,13 +34,17 @@ TEMPLATES = {
 }
 
 
+#: The code these jobs run, from the deployed copy (pyhpc is installed editable from it).
+JOB_CODE = [f"pyhpc/{m}.py" for m in ("__init__", "cli_jobs", "cluster", "dist", "jobspec",
+                                      "metrics", "paths", "render", "report", "submit", "train",
+                                      "watch")] + [f"slurm/jobs/{t}.sbatch.j2" for t in TEMPLATES]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def deployed_copy_is_current() -> None:
     """Jobs import pyhpc from /opt/pyhpc/src: it must be this checkout's code."""
-    stale = [str(p.relative_to(ROOT)) for d in ("pyhpc", "slurm/jobs") for p in (ROOT / d).glob("*")
-             if p.is_file() and p.suffix in (".py", ".j2")
-             and (not (SRC / p.relative_to(ROOT)).exists()
-                  or (SRC / p.relative_to(ROOT)).read_bytes() != p.read_bytes())]
+    stale = [rel for rel in JOB_CODE
+             if not (SRC / rel).exists() or (SRC / rel).read_bytes() != (ROOT / rel).read_bytes()]
     assert not stale, f"/opt/pyhpc/src is older than this checkout ({stale}); run make deploy"
 
 
@@ -64,9 +68,11 @@ def wait(work: Path, job_id: str, timeout: int = 240) -> str:
 
 
 def sacct(job_id: str, fields: str = "JobID,State,NNodes") -> list[list[str]]:
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", fields],
+    # Not -X: Slurm 22.05's sacct -X drops array tasks. Job steps (123.batch) are skipped.
+    out = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", f"JobID,{fields}"],
                          capture_output=True, text=True, check=True).stdout
-    return [line.split("|") for line in out.splitlines()]
+    rows = [line.split("|") for line in out.splitlines()]
+    return [row[1:] for row in rows if "." not in row[0]]
 
 
 def read_history(run: Path) -> list[dict]:

@@ -23,7 +23,7 @@ def test_one_query_for_a_hundred_jobs() -> None:
     fake = FakeSlurm([f"{i}|COMPLETED" for i in ids])
     states = watch.query(ids, runner=fake)
     assert len(fake.calls) == 1
-    assert fake.calls[0][:2] == ["sacct", "-X"] and fake.calls[0][-1] == ",".join(ids)
+    assert fake.calls[0][0] == "sacct" and fake.calls[0][-1] == ",".join(ids)
     assert set(states.values()) == {"COMPLETED"} and len(states) == 100
 
 
@@ -45,7 +45,8 @@ def test_watch_polls_once_per_interval_until_all_finish() -> None:
 
 
 def test_array_tasks_merge_into_their_array_job_and_unknown_ids_wait() -> None:
-    fake = FakeSlurm(["7_0|COMPLETED", "7_1|RUNNING", "7_[2-3]|PENDING", "8|CANCELLED by 0"])
+    fake = FakeSlurm(["7_0|COMPLETED", "7_0.batch|COMPLETED", "7_1|RUNNING", "7_1.0|FAILED",
+                      "7_[2-3]|PENDING", "8|CANCELLED by 0"])
     assert watch.query(["7", "8", "9"], runner=fake) == {
         "7": "RUNNING", "8": "CANCELLED", "9": watch.UNKNOWN}
     fake = FakeSlurm(["7_0|COMPLETED", "7_1|FAILED"])
