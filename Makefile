@@ -63,7 +63,7 @@ bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages
 	$(PY) bench/deploy.py
 
 bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<name>.json.
-	/opt/pyhpc/venv/bin/python bench/containers.py
+	/opt/pyhpc/venv/bin/python bench/containers.py --from-scratch
 	$(PY) bench/jobs.py
 	@if [ -f bench/deploy.py ]; then $(MAKE) bench-deploy; fi
 

@@ -7,7 +7,7 @@ job (pyhpc.train, synthetic mode) alternately bare (ddp-srun) and in the image
 (container), REPEATS times each. Overhead = median over the (bare, container) pairs of
 container throughput / bare throughput (target >= 0.97). Writes bench/results/containers.json.
 
-Usage: /opt/pyhpc/venv/bin/python bench/containers.py [--repeats N] [--no-rebuild]
+Usage: /opt/pyhpc/venv/bin/python bench/containers.py [--repeats N] [--no-rebuild|--from-scratch]
 """
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def pyhpc(cwd: Path, *args: str, timeout: int = 1800, cli: tuple[str, ...] = (PY
     if proc.returncode != 0:
         sys.exit(f"bench/containers.py: pyhpc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
+
+
+def forget_build() -> None:
+    """Remove the base image, the image and the wheel cache: the next build starts cold (as in CI)."""
+    podman = ["podman", "--storage-driver", "vfs", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+              "--events-backend", "file"]
+    for ref in ("localhost/pyhpc-cpu:latest", "localhost/pyhpc-base:bookworm"):
+        subprocess.run([*podman, "rmi", "-f", ref], capture_output=True)
+    subprocess.run([*podman, "image", "prune", "-f"], capture_output=True)
+    subprocess.run(["rm", "-rf", "/var/cache/pyhpc/containers"], check=True)
 
 
 def build(rebuild: bool) -> dict:
@@ -74,10 +84,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="jobs per kind (alternating)")
     parser.add_argument("--no-rebuild", action="store_true", help="reuse the image; build time from its record")
+    parser.add_argument("--from-scratch", action="store_true",
+                        help="build cold: no base image, no wheel cache (what a fresh CI machine does)")
     parser.add_argument("--train-args", default="--mode synthetic --synthetic-samples 2048 --epochs 2")
     args = parser.parse_args()
 
+    if args.from_scratch:
+        forget_build()
     image = build(rebuild=not args.no_rebuild)
+    image["from_scratch"] = args.from_scratch
     print(f"image: {image['image_size_mb']} MB, build {image['build_seconds_recorded']} s "
           f"(podman build {image['podman_build_seconds']} s)")
     runs = []

@@ -23,6 +23,7 @@ spec rebuilds nothing.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -138,12 +139,11 @@ def prepare_context(var: Variant, ctx: Path) -> tuple[str, str]:
     return files["Containerfile"], key
 
 
-def export(var: Variant, ref: str, dest: Path, oci_archive: bool) -> None:
-    """Exploded rootfs (swapped in atomically), env file and optionally an OCI archive."""
+def export(var: Variant, ref: str, dest: Path) -> Path:
+    """Explode the image into DEST/rootfs.new (with DEST/env.new); swap in by :func:`publish`."""
     dest.mkdir(parents=True, exist_ok=True)
-    new, old = dest / "rootfs.new", dest / "rootfs.old"
-    for path in (new, old):
-        shutil.rmtree(path, ignore_errors=True)
+    new = dest / "rootfs.new"
+    shutil.rmtree(new, ignore_errors=True)
     new.mkdir()
     cid = podman("create", ref, "true", capture=True)
     try:
@@ -151,20 +151,25 @@ def export(var: Variant, ref: str, dest: Path, oci_archive: bool) -> None:
             run(["tar", "-x", "--numeric-owner", "-C", str(new)], stdin=exp.stdout)
     finally:
         podman("rm", cid, capture=True)
+    (dest / "env.new").write_text("".join(f"{k}={v}\n" for k, v in var.env()))
+    return new
+
+
+def publish(dest: Path) -> None:
+    """Replace the rootfs jobs use with the self-tested new one (a rename, not a copy)."""
+    old = dest / "rootfs.old"
+    shutil.rmtree(old, ignore_errors=True)
     if (dest / "rootfs").exists():
         (dest / "rootfs").rename(old)
-    new.rename(dest / "rootfs")
+    (dest / "rootfs.new").rename(dest / "rootfs")
+    (dest / "env.new").rename(dest / "env")
     shutil.rmtree(old, ignore_errors=True)
-    (dest / "env").write_text("".join(f"{k}={v}\n" for k, v in var.env()))
-    if oci_archive:
-        archive = dest.parent / f"{var.image}.oci.tar"
-        podman("save", "--format", "oci-archive", "-o", str(archive), ref)
 
 
-def selftest(dest: Path) -> str:
-    """Run the image's self-test from the exported rootfs, as a job would."""
+def selftest(rootfs: Path, env_file: Path) -> str:
+    """Run the image's self-test from an exported rootfs, as a job would."""
     out = run([*PODMAN, "run", "--rm", *ULIMITS, "--network", "host", "--env-file",
-               str(dest / "env"), "--rootfs", str(dest / "rootfs"), "/usr/local/bin/pyhpc-selftest"],
+               str(env_file), "--rootfs", str(rootfs), "/usr/local/bin/pyhpc-selftest"],
               stdout=subprocess.PIPE)
     return out.stdout
 
@@ -212,12 +217,18 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
            "--pull=never", "-f", str(ctx / "Containerfile"), "-t", ref,
            "-t", f"localhost/{var.image}:latest", str(ctx))
     build_s = time.monotonic() - start
-    export(var, ref, dest, oci_archive)
+    new = export(var, ref, dest)
+    # A failing self-test leaves the published rootfs and image.json as they were.
+    output = selftest(new, dest / "env.new")
+    freeze = run([*PODMAN, "run", "--rm", *ULIMITS, "--rootfs", str(new),
+                  f"{var.venv}/bin/pip", "freeze", "--all"], stdout=subprocess.PIPE).stdout
+    publish(dest)
     shutil.copy(ctx / "Containerfile", dest / "Containerfile")
     shutil.copy(ctx / f"{var.image}.def", dest / f"{var.image}.def")
-    output = selftest(dest)
-    freeze = run([*PODMAN, "run", "--rm", *ULIMITS, "--rootfs", str(dest / "rootfs"),
-                  f"{var.venv}/bin/pip", "freeze", "--all"], stdout=subprocess.PIPE).stdout
+    archive = dest.parent / f"{var.image}.oci.tar"
+    if oci_archive:
+        archive.unlink(missing_ok=True)
+        podman("save", "--format", "oci-archive", "-o", str(archive), ref)
     total_s = time.monotonic() - start
     prune(var, ref)
     record = {
@@ -230,6 +241,8 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
         "total_seconds": round(total_s, 1), "selftest": output.splitlines(), "cached": False,
         # Every Python package in the image, transitive ones included.
         "pip_freeze": freeze.splitlines(),
+        "oci_archive": str(archive) if oci_archive else None,
+        "oci_archive_bytes": archive.stat().st_size if oci_archive else None,
     }
     record_file.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     log(f"built {ref} in {total_s:.0f} s; image {record['image_size_bytes'] / 1e6:.0f} MB; "
@@ -239,8 +252,11 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
 
 def main(args: argparse.Namespace) -> int:
     var = containers.variant(args.variant, torch=args.torch)
-    record = build(var, Path(args.images_dir), oci_archive=args.oci_archive, force=args.force,
-                   context_only=args.context_only)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "build.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: they share podman's store
+        record = build(var, Path(args.images_dir), oci_archive=args.oci_archive, force=args.force,
+                       context_only=args.context_only)
     for line in record.get("selftest", []):  # type: ignore[union-attr]
         print(f"  {line}")
     return 0
