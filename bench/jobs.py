@@ -135,8 +135,8 @@ def _sbatch_tiny(tries: int = 5) -> str:
 
 
 def bench_watch(jobs: int, interval_s: float = 1.0, timeout_s: float = 240.0) -> dict:
-    """Submit ``jobs`` tiny jobs and watch them to the end with pyhpc.watch.query,
-    counting every process spawned while watching (polls are counted separately)."""
+    """Submit ``jobs`` tiny jobs and watch them to the end with pyhpc.watch.watch,
+    counting every process spawned while watching and, separately, the polls."""
     from pyhpc import watch
 
     ids = [_sbatch_tiny() for _ in range(jobs)]
@@ -149,19 +149,22 @@ def bench_watch(jobs: int, interval_s: float = 1.0, timeout_s: float = 240.0) ->
             super().__init__(args, *a, **kw)
 
     polls, seen, start = 0, set(), time.monotonic()
+    real_query = watch.query
+
+    def counted_query(*args, **kwargs):  # noqa: ANN002, ANN003
+        nonlocal polls
+        polls += 1
+        result = real_query(*args, **kwargs)
+        seen.update(result.values())
+        return result
+
     subprocess.Popen = CountingPopen  # type: ignore[misc]
+    watch.query = counted_query  # type: ignore[assignment]
     try:
-        while True:
-            states = watch.query(ids)
-            polls += 1
-            seen |= set(states.values())
-            if all(s in watch.TERMINAL for s in states.values()):
-                break
-            if time.monotonic() - start > timeout_s:
-                break
-            time.sleep(interval_s)
+        states = watch.watch(ids, interval_s=interval_s, timeout_s=timeout_s, quiet=True)
     finally:
         subprocess.Popen = real_popen  # type: ignore[misc]
+        watch.query = real_query  # type: ignore[assignment]
         subprocess.run(["scancel", "-n", "bench-watch"], check=False)
     return {"jobs": len(ids), "polls": polls, "processes_spawned": len(spawned),
             "queries_per_poll": len(spawned) / polls, "commands": sorted({c[0] for c in spawned}),

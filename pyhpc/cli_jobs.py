@@ -129,9 +129,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise WatchError(f"squeue: {proc.stderr.strip()}")
         ids = sorted({line.split("_")[0] for line in proc.stdout.split()})
     if args.watch:
-        states = watch.watch(ids, interval_s=args.interval, source=args.source)
+        states = watch.watch(ids, interval_s=args.interval, source=args.source or "squeue")
     else:
-        states = watch.query(ids, source=args.source)
+        states = watch.query(ids, source=args.source or "sacct")
     _emit(states, args.json, "\n".join(f"{j}\t{s}" for j, s in states.items()))
     return 0
 
@@ -298,7 +298,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("job_ids", nargs="*", help="job ids (default: your queued jobs)")
     p.add_argument("--watch", action="store_true", help="poll until all have finished")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
-    p.add_argument("--source", choices=("sacct", "squeue"), default="sacct")
+    p.add_argument("--source", choices=("sacct", "squeue"),
+                   help="default: sacct for one query, squeue with --watch")
     p.add_argument("--json", action="store_true", help="print states as JSON")
     p.set_defaults(func=cmd_status)
 

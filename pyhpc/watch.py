@@ -1,7 +1,12 @@
-"""Watch many jobs without hammering Slurm: ONE sacct (or squeue) call per poll.
+"""Watch many jobs without hammering Slurm: ONE squeue (or sacct) call per poll.
 
-Array jobs are watched by their array id; their state is the least finished
-of their tasks' states until every task has finished.
+Watching polls ``squeue -t all``: slurmctld answers at once, knows every live job
+and array task, and keeps finished jobs with their final state for MinJobAge
+(300 s by default), far longer than a poll interval. sacct is for one-off queries
+of older jobs: the accounting database lags, and array tasks appear in it only
+when they start, so it can make an array look finished early.
+Array jobs are watched by their array id; their state is the least finished of
+their tasks' states until every task has finished.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ def _command(job_ids: Sequence[str], source: str) -> list[str]:
         # No -X: Slurm 22.05's sacct -X drops array tasks; step lines are skipped below.
         return ["sacct", "-n", "-P", "-o", "JobID,State", "-j", ids]
     if source == "squeue":
-        return ["squeue", "-h", "-r", "-o", "%i|%T", "-j", ids]
+        return ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ids]
     raise WatchError(f"source: {source!r} is not allowed; allowed: {', '.join(SOURCES)}")
 
 
@@ -49,8 +54,9 @@ def query(job_ids: Sequence[str], source: str = "sacct", runner: Runner | None =
           ) -> dict[str, str]:
     """States of ``job_ids`` from one Slurm call; ids Slurm does not know yet map to UNKNOWN.
 
-    squeue forgets finished jobs, so with ``source="squeue"`` a job that has left
-    the queue is FINISHED (outcome unknown); prefer sacct where accounting is on.
+    squeue forgets finished jobs after MinJobAge, so with ``source="squeue"`` a job it
+    no longer knows is FINISHED (outcome unknown); :func:`watch` keeps the last state
+    it saw instead.
     """
     if not job_ids:
         return {}
@@ -86,15 +92,19 @@ def progress_line(states: dict[str, str], elapsed: float) -> str:
 
 
 def watch(job_ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None = None,
-          source: str = "sacct", runner: Runner | None = None, quiet: bool = False,
+          source: str = "squeue", runner: Runner | None = None, quiet: bool = False,
           stream: TextIO | None = None) -> dict[str, str]:
     """Poll until every job has finished (or ``timeout_s``); returns the last states."""
+    seen: dict[str, str] = {}
     stream = stream or sys.stderr
     tty = stream.isatty()
     start = time.monotonic()
     last = ""
     while True:
         states = query(job_ids, source, runner)
+        # A job gone from squeue keeps the final state of the poll before.
+        states = {j: seen.get(j, s) if s == "FINISHED" else s for j, s in states.items()}
+        seen.update(states)
         line = progress_line(states, time.monotonic() - start)
         if not quiet and line.split("]", 1)[1] != last:
             stream.write(("\r" + line) if tty else (line + "\n"))

@@ -62,3 +62,18 @@ def test_squeue_source_reports_jobs_that_left_the_queue_as_finished() -> None:
 def test_progress_line_counts_states() -> None:
     line = watch.progress_line({"1": "COMPLETED", "2": "RUNNING", "3": "RUNNING"}, 5)
     assert line == "[   5s] 1/3 finished | COMPLETED 1 | RUNNING 2"
+
+
+def test_a_job_that_leaves_squeue_keeps_its_last_state() -> None:
+    answers = iter([["1|RUNNING", "2|RUNNING"], ["1|COMPLETED", "2|FAILED"], ["2|FAILED"]])
+
+    def runner(cmd, **kwargs):
+        assert cmd[:6] == ["squeue", "-h", "-r", "-t", "all", "-o"]
+        return subprocess.CompletedProcess(cmd, 0, "\n".join(next(answers)), "")
+
+    # Poll 2 finishes both; had job 1 vanished first, it would keep COMPLETED.
+    assert watch.watch(["1", "2"], interval_s=0, runner=runner, quiet=True) == {
+        "1": "COMPLETED", "2": "FAILED"}
+    answers = iter([["1|RUNNING", "2|RUNNING"], ["1|COMPLETED", "2|RUNNING"], ["2|COMPLETED"]])
+    assert watch.watch(["1", "2"], interval_s=0, runner=runner, quiet=True) == {
+        "1": "COMPLETED", "2": "COMPLETED"}
