@@ -161,14 +161,15 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_exact_epoch_count(wor
         assert time.monotonic() < deadline, "no two epochs checkpointed in time"
         time.sleep(0.5)
     subprocess.run(["scontrol", "requeue", job], check=True)
-    # Slurm holds a requeued batch job for a while (BeginTime); once it is pending again,
-    # let it go now rather than waiting minutes.
+    # Slurm holds a requeued batch job for minutes (BeginTime, so the old launch
+    # credential expires). Once it is pending again, let it go a few seconds later: a
+    # relaunch within the same second as the revocation is refused ("credential revoked").
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                                text=True).stdout.strip()
         if state == "PENDING" and subprocess.run(
-                ["scontrol", "update", f"JobId={job}", "StartTime=now"]).returncode == 0:
+                ["scontrol", "update", f"JobId={job}", "StartTime=now+5"]).returncode == 0:
             break
         time.sleep(0.5)
     assert wait(work, job) == "COMPLETED"
