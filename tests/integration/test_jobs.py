@@ -144,8 +144,11 @@ def test_array_job_completes_all_tasks(work: Path) -> None:
                  "values=a,b c,d", "--wait", "--json")
     job = json.loads(proc.stdout)["job_id"]
     assert json.loads(proc.stdout)["state"] == "COMPLETED"
-    rows = sacct(job, "JobID,State")
-    assert sorted(rows) == [[f"{job}_{i}", "COMPLETED"] for i in range(3)]
+    expected = [[f"{job}_{i}", "COMPLETED"] for i in range(3)]
+    deadline = time.monotonic() + 60  # the accounting database records array tasks late
+    while sorted(rows := sacct(job, "JobID,State")) != expected and time.monotonic() < deadline:
+        time.sleep(1)
+    assert sorted(rows) == expected
     outputs = {i: (work / f"array-{job}_{i}.out").read_text() for i in range(3)}
     assert "value a\n" in outputs[0] and "value b c\n" in outputs[1] and "value d\n" in outputs[2]
 
