@@ -67,12 +67,30 @@ def setup() -> DistInfo:
         master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
 
 
-def teardown() -> None:
-    """Destroy the process group if one is up."""
-    import torch.distributed as td
+def teardown(timeout_s: float = 60.0) -> None:
+    """Destroy the process group if one is up, rank 0 last.
 
-    if td.is_available() and td.is_initialized():
+    Rank 0 hosts the rendezvous store: if it tore down first, a rank still shutting
+    down its gloo group could abort ("terminate called without an active exception").
+    So every other rank destroys its group, then says so through the store, and
+    rank 0 waits for all of them before destroying its own.
+    """
+    import datetime
+
+    import torch.distributed as td
+    from torch.distributed import distributed_c10d
+
+    if not (td.is_available() and td.is_initialized()):
+        return
+    rank, world = td.get_rank(), td.get_world_size()
+    store = distributed_c10d._get_default_store()
+    if rank == 0:
+        store.wait([f"pyhpc/teardown/{r}" for r in range(1, world)],
+                   datetime.timedelta(seconds=timeout_s))
         td.destroy_process_group()
+    else:
+        td.destroy_process_group()
+        store.set(f"pyhpc/teardown/{rank}", "done")
 
 
 def main(argv: list[str]) -> None:

@@ -75,6 +75,15 @@ def sacct(job_id: str, fields: str = "JobID,State,NNodes") -> list[list[str]]:
     return [row[1:] for row in rows if "." not in row[0]]
 
 
+def sacct_settles(job_id: str, expected: list[list[str]], fields: str = "JobID,State,NNodes",
+                  timeout: float = 60) -> list[list[str]]:
+    """sacct's rows once they equal ``expected`` (the accounting database lags slurmctld)."""
+    deadline = time.monotonic() + timeout
+    while sorted(rows := sacct(job_id, fields)) != expected and time.monotonic() < deadline:
+        time.sleep(1)
+    return sorted(rows)
+
+
 def read_history(run: Path) -> list[dict]:
     return json.loads((run / "history.json").read_text())
 
@@ -100,7 +109,8 @@ def test_two_node_data_parallel_job_via_submit_completes(work: Path) -> None:
                  "--set", f"args=--out {run} --epochs 3", "--wait", "--json")
     result = json.loads(proc.stdout)
     assert result["state"] == "COMPLETED"
-    assert sacct(result["job_id"]) == [[result["job_id"], "COMPLETED", "2"]]
+    expected = [[result["job_id"], "COMPLETED", "2"]]
+    assert sacct_settles(result["job_id"], expected) == expected
     row = check_run(run, workers=2)
     assert set(row["nodes"].split(",")) == {"cpu1", "cpu2"}
     assert row["job_id"] == result["job_id"]
@@ -134,7 +144,8 @@ def test_jupyter_template_prints_the_ssh_tunnel(work: Path) -> None:
     job = json.loads(proc.stdout)["job_id"]
     assert json.loads(proc.stdout)["state"] == "COMPLETED"
     log = pyhpc(work, "logs", job).stdout
-    node = sacct(job, "NodeList")[0][0]
+    node = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%N"],
+                          capture_output=True, text=True, check=True).stdout.strip()
     assert f"ssh -N -L 8899:{node}:8899 root@login.example.org" in log
     assert "started --no-browser --ip=0.0.0.0 --port=8899" in log
 
@@ -145,10 +156,7 @@ def test_array_job_completes_all_tasks(work: Path) -> None:
     job = json.loads(proc.stdout)["job_id"]
     assert json.loads(proc.stdout)["state"] == "COMPLETED"
     expected = [[f"{job}_{i}", "COMPLETED"] for i in range(3)]
-    deadline = time.monotonic() + 60  # the accounting database records array tasks late
-    while sorted(rows := sacct(job, "JobID,State")) != expected and time.monotonic() < deadline:
-        time.sleep(1)
-    assert sorted(rows) == expected
+    assert sacct_settles(job, expected, "JobID,State") == expected
     outputs = {i: (work / f"array-{job}_{i}.out").read_text() for i in range(3)}
     assert "value a\n" in outputs[0] and "value b c\n" in outputs[1] and "value d\n" in outputs[2]
 
@@ -243,7 +251,8 @@ def test_python_api_sets_up_torch_distributed_on_every_task(work: Path) -> None:
     assert sorted(r["node"] for r in results) == ["gpu1", "gpu1", "gpu2", "gpu2"]
     assert {r["master"] for r in results} == {"gpu1"}
     assert wait(work, out["job_id"]) == "COMPLETED"
-    assert sacct(out["job_id"]) == [[out["job_id"], "COMPLETED", "2"]]
+    expected = [[out["job_id"], "COMPLETED", "2"]]
+    assert sacct_settles(out["job_id"], expected) == expected
 
 
 def test_scale_sweep_reports_throughput_and_efficiency(work: Path) -> None:
