@@ -12,13 +12,14 @@ Run it with ``pyhpc train`` or ``python -m pyhpc.train`` (under srun/torchrun).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +201,13 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
     if not cfg.instrument and info.rank == 0 and start < cfg.epochs:
         rate = plain_steps * cfg.batch_size * info.world_size / plain_time
         _write_json(out / "uninstrumented.json", {"samples_per_s": rate, "steps": plain_steps})
-    return _report(cfg, info, timer, history, out)
+    summary = _report(cfg, info, timer, history, out)
+    # Drop DDP's reference to the process group before tearing it down, so the gloo
+    # group is freed now rather than at interpreter exit (where it can abort).
+    del ddp, loader
+    gc.collect()
+    dist.teardown()
+    return summary
 
 
 def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
@@ -229,7 +236,6 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
             metrics.write_jsonl(out / "metrics.jsonl", [summary])
             metrics.write_csv(out / "metrics.csv", metrics.read_jsonl(out / "metrics.jsonl"))
     td.barrier()
-    dist.teardown()
     return summary
 
 
