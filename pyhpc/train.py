@@ -49,9 +49,6 @@ class TrainConfig:
     warmup_steps: int = 3
     synthetic_samples: int = 512
     threads: int = 1
-    #: False: no per-step timing, only a stopwatch around the post-warm-up steps
-    #: (written to uninstrumented.json), to measure the harness's own overhead.
-    instrument: bool = True
 
 
 class LeNet(nn.Module):
@@ -113,6 +110,39 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint
 
 
+@dataclass(frozen=True)
+class EpochResult:
+    """What one pass over the data gives back."""
+
+    loss_sum: torch.Tensor
+    steps: int
+    #: Stopwatch from the end of step ``skip`` to the end of the pass (no timer only).
+    plain_s: float
+
+
+def train_epoch(model: nn.Module, loader: DataLoader, opt: torch.optim.Optimizer,
+                loss_fn: nn.Module, timer: metrics.StepTimer | None, skip: int = 0,
+                ) -> EpochResult:
+    """The training loop, one epoch. With a timer every step is timed (the harness);
+    without one only a stopwatch runs, after ``skip`` warm-up steps (its baseline)."""
+    total, count = torch.zeros(()), 0
+    if timer is not None:
+        timer.restart()
+    start = time.perf_counter()
+    for x, y in loader:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        total += loss.detach()
+        count += 1
+        if timer is not None:
+            timer.step()
+        elif count == skip:
+            start = time.perf_counter()
+    return EpochResult(total, count, time.perf_counter() - start)
+
+
 def _stop_now(signum: int, frame: Any) -> None:
     """SIGTERM (scancel, scontrol requeue, preemption): leave at once.
 
@@ -167,26 +197,10 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
     loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
     loss_fn = nn.CrossEntropyLoss()
     timer = metrics.StepTimer()
-    plain_time, plain_steps = 0.0, 0
     for epoch in range(start, cfg.epochs):
         sampler.set_epoch(epoch)
-        total, count = torch.zeros(2), 0
-        timer.restart()
-        epoch_t0 = time.perf_counter()
-        for x, y in loader:
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x), y)
-            loss.backward()
-            opt.step()
-            total[0] += loss.detach()
-            count += 1
-            if cfg.instrument:
-                timer.step()
-            elif count == cfg.warmup_steps and epoch == start:
-                epoch_t0 = time.perf_counter()
-        plain_time += time.perf_counter() - epoch_t0
-        plain_steps += count - (cfg.warmup_steps if epoch == start else 0)
-        total[1] = count
+        result = train_epoch(ddp, loader, opt, loss_fn, timer)
+        total = torch.stack([result.loss_sum, torch.tensor(float(result.steps))])
         td.all_reduce(total)
         record = {"epoch": epoch, "loss": (total[0] / total[1]).item(),
                   "test_accuracy": _evaluate(model, test_set), "attempt": attempts}
@@ -198,9 +212,6 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
             print(f"pyhpc.train: epoch {epoch} loss {record['loss']:.4f} "
                   f"test accuracy {record['test_accuracy']:.3f}", flush=True)
         td.barrier()
-    if not cfg.instrument and info.rank == 0 and start < cfg.epochs:
-        rate = plain_steps * cfg.batch_size * info.world_size / plain_time
-        _write_json(out / "uninstrumented.json", {"samples_per_s": rate, "steps": plain_steps})
     summary = _report(cfg, info, timer, history, out)
     # Drop DDP's reference to the process group before tearing it down, so the gloo
     # group is freed now rather than at interpreter exit (where it can abort).
@@ -223,7 +234,7 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
             for r in gathered:
                 fh.write(json.dumps({k: v for k, v in r.items() if k != "step_times"}
                                     | {"steps": len(r["step_times"])}) + "\n")
-        if cfg.instrument and gathered[0]["step_times"]:
+        if gathered[0]["step_times"]:
             env = metrics.Environment(
                 torch_version=torch.__version__, backend=info.backend,
                 job_id=os.environ.get("SLURM_JOB_ID", "local"),
