@@ -173,9 +173,22 @@ def _train_config(args: argparse.Namespace, out: Path, batch: int) -> Any:
                        synthetic_samples=args.synthetic_samples)
 
 
+def _check_train(args: argparse.Namespace, cfg: Any, nodes: int) -> None:
+    from pyhpc.train import check_steps
+
+    if nodes < 1:
+        return  # the resource check names that error
+    try:
+        check_steps(cfg, nodes * (args.tasks_per_node or max(args.gpus_per_node, 1)))
+    except ValueError as exc:
+        raise JobSpecError(str(exc)) from None
+
+
 def _submit_train(args: argparse.Namespace, cfg: Any, nodes: int) -> Any:
     from pyhpc import submit
     from pyhpc.train import Trainer
+
+    _check_train(args, cfg, nodes)
 
     return submit.submit(Trainer(cfg), nodes=nodes, tasks_per_node=args.tasks_per_node,
                          gpus_per_node=args.gpus_per_node, partition=args.partition,
@@ -189,6 +202,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.local:
         from pyhpc import train
 
+        _check_train(args, cfg, 1)
         summary = train.run(cfg)
         result: dict[str, Any] = {"out": str(out), "summary": summary.row() if summary else None}
     else:
@@ -220,6 +234,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
                                    f"{workers} workers (strong scaling)")
             local = b if args.scaling == "weak" else b // workers
             plan.append((n, _train_config(args, out / f"nodes{n}-batch{b}", local)))
+            _check_train(args, plan[-1][1], n)
     for n, cfg in plan:
         jobs[str(_submit_train(args, cfg, n).job_id)] = cfg.out
     states = watch.watch(list(jobs), interval_s=args.interval)

@@ -34,6 +34,7 @@ from torch.utils.data.distributed import DistributedSampler
 from pyhpc import dist, metrics
 
 MODES = ("digits", "synthetic")
+DIGITS_SAMPLES = 1797  # sklearn.datasets.load_digits()
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,22 @@ class TrainConfig:
     warmup_steps: int = 3
     synthetic_samples: int = 512
     threads: int = 1
+
+
+def steps_per_epoch(cfg: TrainConfig, workers: int) -> int:
+    """Optimizer steps per epoch on each worker (80% train split, partial batches dropped)."""
+    samples = DIGITS_SAMPLES if cfg.mode == "digits" else cfg.synthetic_samples
+    return (int(0.8 * samples) // workers) // cfg.batch_size
+
+
+def check_steps(cfg: TrainConfig, workers: int) -> None:
+    """Refuse a run too short to measure: every step would be a warm-up step."""
+    steps = steps_per_epoch(cfg, workers)
+    if steps * cfg.epochs <= cfg.warmup_steps:
+        raise ValueError(
+            f"batch_size: {cfg.batch_size} per worker on {workers} workers gives {steps} steps "
+            f"per epoch, {steps * cfg.epochs} in all, not more than the {cfg.warmup_steps} "
+            "warm-up steps; use a smaller batch size, more epochs or more synthetic samples")
 
 
 class LeNet(nn.Module):
@@ -241,11 +258,15 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
                 nodes=sorted({r["host"] for r in gathered}), local_batch=cfg.batch_size,
                 mode=cfg.mode, model="LeNet" if cfg.mode == "digits" else "WideCNN")
             ranks = [metrics.RankTimes(r["rank"], r["host"], r["step_times"]) for r in gathered]
-            summary = metrics.summarize(ranks, cfg.warmup_steps, env, extra={
-                "epochs": cfg.epochs, "final_loss": history[-1]["loss"] if history else None,
-                "first_loss": history[0]["loss"] if history else None})
-            metrics.write_jsonl(out / "metrics.jsonl", [summary])
-            metrics.write_csv(out / "metrics.csv", metrics.read_jsonl(out / "metrics.jsonl"))
+            try:
+                summary = metrics.summarize(ranks, cfg.warmup_steps, env, extra={
+                    "epochs": cfg.epochs, "final_loss": history[-1]["loss"] if history else None,
+                    "first_loss": history[0]["loss"] if history else None})
+            except metrics.MetricsError as exc:  # e.g. a resumed run with too few steps left
+                print(f"pyhpc.train: no throughput summary: {exc}", file=sys.stderr, flush=True)
+            else:
+                metrics.write_jsonl(out / "metrics.jsonl", [summary])
+                metrics.write_csv(out / "metrics.csv", metrics.read_jsonl(out / "metrics.jsonl"))
     td.barrier()
     return summary
 

@@ -147,6 +147,9 @@ ERRORS = [
     (["scale", "--nodes", "1,2", "--batch-sizes", "33", "--scaling", "strong", "--out", "sweep"],
      "batch_sizes: global batch 33 does not divide over 2 workers"),
     (["submit", "nosuchmodule:main"], "target: cannot import module 'nosuchmodule'"),
+    (["scale", "--nodes", "1,2", "--batch-sizes", "32,64", "--out", "sweep"],
+     "batch_size: 64 per worker on 2 workers gives 3 steps per epoch, 3 in all, not more "
+     "than the 3 warm-up steps"),
 ]
 
 

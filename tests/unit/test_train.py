@@ -65,3 +65,14 @@ def test_synthetic_mode_uses_the_larger_model(tmp_path: Path) -> None:
 def test_unknown_mode_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode: 'mnist' is not allowed; allowed: digits, synthetic"):
         train.run(train.TrainConfig(out=str(tmp_path), mode="mnist"))
+
+
+def test_steps_per_epoch_matches_the_loader_and_short_runs_are_refused(tmp_path: Path) -> None:
+    cfg = train.TrainConfig(out=str(tmp_path), mode="synthetic", synthetic_samples=512,
+                            batch_size=64, epochs=1)
+    assert train.steps_per_epoch(cfg, 1) == 6 and train.steps_per_epoch(cfg, 2) == 3
+    digits = train.TrainConfig(out=str(tmp_path))
+    assert train.steps_per_epoch(digits, 1) == len(train.datasets(digits)[0]) // 32
+    train.check_steps(cfg, 1)
+    with pytest.raises(ValueError, match="batch_size: 64 per worker on 2 workers gives 3 steps"):
+        train.check_steps(cfg, 2)
