@@ -53,6 +53,7 @@ def plot(summaries: Sequence[metrics.Summary], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
     scaling = summaries[0].scaling or "weak"
@@ -71,6 +72,7 @@ def plot(summaries: Sequence[metrics.Summary], path: Path) -> Path:
                "efficiency", ylim=(0, 1.2))
     ax_eff.axhline(1.0, color="grey", linestyle=":")
     for ax in (ax_rate, ax_eff):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
     fig.tight_layout()
