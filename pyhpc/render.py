@@ -97,7 +97,13 @@ def environment(cluster: Cluster, search: Iterable[Path] = ()) -> jinja2.Environ
     env.filters["q"] = q
     env.filters["qargs"] = qargs
     env.globals["sbatch"] = lambda **opts: sbatch_lines(cluster, opts)
+    env.globals["fail"] = _fail
     return env
+
+
+def _fail(message: str) -> None:
+    """Let a template refuse a value with its own message (e.g. an unknown runtime)."""
+    raise RenderError(message)
 
 
 def available() -> list[str]:
