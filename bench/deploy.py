@@ -32,6 +32,17 @@ FRESH_RATIO_TARGET = 1.5
 RERUN_TARGET_S = 60.0
 RECAP = re.compile(r"^\S+\s+: ok=\d+\s+changed=(\d+)", re.M)
 ROLE_TIME = re.compile(r"^(\S+) -+ (\d+\.\d+)s$", re.M)
+TASK = re.compile(r"^TASK \[(.+?)\] \**$", re.M)
+
+
+def changed_tasks(output: str) -> list[str]:
+    """Names of the tasks that reported a change (e.g. the repo copy after an edit)."""
+    names = []
+    parts = TASK.split(output)
+    for name, body in zip(parts[1::2], parts[2::2]):
+        if re.search(r"^changed: ", body, re.M):
+            names.append(name)
+    return names
 
 
 def packages() -> list[str]:
@@ -84,6 +95,7 @@ def run_benchmark(pkgs: list[str]) -> dict[str, object]:
         "fresh_deploy_roles_s": {r: float(s) for r, s in ROLE_TIME.findall(fresh_out)},
         "rerun_s": round(rerun_s, 1),
         "rerun_changed": changed,
+        "rerun_changed_tasks": changed_tasks(rerun_out),
         "fresh_over_packages": round(ratio, 2),
         "targets": {"fresh_over_packages_max": FRESH_RATIO_TARGET, "rerun_max_s": RERUN_TARGET_S},
         "met": {"fresh": ratio <= FRESH_RATIO_TARGET, "rerun": rerun_s <= RERUN_TARGET_S},
