@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,14 +21,6 @@ def _lint(argv: list[str], text: str | None = None) -> subprocess.CompletedProce
     return proc
 
 
-def _shellcheck() -> str:
-    path = shutil.which("shellcheck")
-    if path is None:
-        pytest.fail("shellcheck is not installed: apt-get install shellcheck (the containers "
-                    "role and `make venv` prerequisites install it)")
-    return path
-
-
 @pytest.mark.parametrize("name", VARIANTS)
 def test_hadolint_passes_on_rendered_containerfile(name: str, tmp_path: Path) -> None:
     path = tmp_path / "Containerfile"
@@ -40,37 +31,37 @@ def test_hadolint_passes_on_rendered_containerfile(name: str, tmp_path: Path) ->
 
 @pytest.mark.parametrize("script", containers.SCRIPTS)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_shellcheck_passes_on_baked_scripts(name: str, script: str) -> None:
+def test_shellcheck_passes_on_baked_scripts(name: str, script: str, shellcheck: str) -> None:
     text = containers.render_script(containers.variant(name), script)
-    proc = _lint([_shellcheck(), "-"], text)
+    proc = _lint([shellcheck, "-"], text)
     assert proc.returncode == 0, proc.stdout
 
 
 @pytest.mark.parametrize("section", ["%post", "%runscript", "%test"])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_shellcheck_passes_on_apptainer_sections(name: str, section: str) -> None:
+def test_shellcheck_passes_on_apptainer_sections(name: str, section: str, shellcheck: str) -> None:
     text = containers.render(containers.variant(name), "apptainer")
     body = text.split(section + "\n", 1)[1].split("\n%", 1)[0]
     # Apptainer runs these sections with /bin/sh.
-    proc = _lint([_shellcheck(), "--shell", "sh", "-"], "#!/bin/sh\n" + body + "\n")
+    proc = _lint([shellcheck, "--shell", "sh", "-"], "#!/bin/sh\n" + body + "\n")
     assert proc.returncode == 0, proc.stdout
 
 
-def test_shellcheck_passes_on_containerfile_run_steps() -> None:
+def test_shellcheck_passes_on_containerfile_run_steps(shellcheck: str) -> None:
     text = containers.render(containers.variant("cuda"), "oci")
     runs = re.findall(r"^RUN (?:--mount=\S+ \\\n)?(.*?)(?<!\\)\n", text, flags=re.M | re.S)
     assert len(runs) == 2
     for body in runs:
-        proc = _lint([_shellcheck(), "--shell", "bash", "-"], "#!/bin/bash\n" + body + "\n")
+        proc = _lint([shellcheck, "--shell", "bash", "-"], "#!/bin/bash\n" + body + "\n")
         assert proc.returncode == 0, proc.stdout
 
 
 @pytest.mark.parametrize("runtime", ["podman", "apptainer", "enroot"])
-def test_shellcheck_passes_on_rendered_container_job(runtime: str) -> None:
+def test_shellcheck_passes_on_rendered_container_job(runtime: str, shellcheck: str) -> None:
     from pyhpc import cluster, paths, render
 
     text = render.render("container", {"module": "pyhpc.train", "args": "--out run",
                                        "runtime": runtime, "binds": "/srv/data"},
                          cluster.load(paths.LAB_CLUSTER))
-    proc = _lint([_shellcheck(), "-"], text)
+    proc = _lint([shellcheck, "-"], text)
     assert proc.returncode == 0, proc.stdout

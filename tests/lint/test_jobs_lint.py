@@ -1,7 +1,6 @@
 """shellcheck on every rendered job template (the golden files are the rendered scripts)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,11 +10,8 @@ GOLDEN_JOBS = sorted((Path(__file__).resolve().parents[1] / "golden" / "jobs").g
 
 
 @pytest.mark.parametrize("script", GOLDEN_JOBS, ids=lambda p: p.name)
-def test_shellcheck_passes_on_rendered_job_script(script: Path) -> None:
-    tool = shutil.which("shellcheck")
-    if tool is None:
-        pytest.fail("shellcheck is not installed: apt-get install shellcheck")
-    proc = subprocess.run([tool, "--shell=bash", str(script)], capture_output=True, text=True)
+def test_shellcheck_passes_on_rendered_job_script(script: Path, shellcheck: str) -> None:
+    proc = subprocess.run([shellcheck, "--shell=bash", str(script)], capture_output=True, text=True)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout
 
