@@ -6,15 +6,14 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from pyhpc import __version__
-from pyhpc import cli_jobs
-from pyhpc import doctor
-from pyhpc import cli_containers
+from pyhpc import __version__, cli_containers, cli_jobs, doctor
 from pyhpc.cluster import ConfigError
 
 #: Errors the CLI turns into one line on stderr and exit status 2.
-USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, *cli_jobs.USER_ERRORS)
-USER_ERRORS += cli_containers.USER_ERRORS
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError, *cli_jobs.USER_ERRORS, *cli_containers.USER_ERRORS)
+DESCRIPTION = ("Submit multi-node PyTorch jobs to a Slurm cluster and report their "
+               "throughput; validate and check the cluster itself.")
 
 
 def cmd_cluster_validate(args: argparse.Namespace) -> int:
@@ -31,7 +30,7 @@ def cmd_cluster_validate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyhpc", description=__doc__)
+    parser = argparse.ArgumentParser(prog="pyhpc", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"pyhpc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
