@@ -142,6 +142,7 @@ def efficiency(runs: Iterable[Summary], scaling: str = "weak") -> list[Summary]:
     weak: series share the per-worker batch, E(N) = X(N)·N0 / (N·X(N0)), which is
     X(N)/(N·X(1)) when the series starts at one worker. strong: series share the
     global batch (the work per step is fixed), same formula, different baseline.
+    A run alone in its series gets ``None``.
     """
     if scaling not in SCALING:
         raise MetricsError(f"scaling: {scaling!r} is not allowed; allowed: {', '.join(SCALING)}")
@@ -151,7 +152,9 @@ def efficiency(runs: Iterable[Summary], scaling: str = "weak") -> list[Summary]:
     for run in runs:
         series = [r for r in runs if key(r) == key(run) and r.mode == run.mode]
         base = min(series, key=lambda s: s.workers)
-        value = run.samples_per_s * base.workers / (run.workers * base.samples_per_s)
+        # A run alone in its series has nothing to scale against: no figure, not 100%.
+        value = (run.samples_per_s * base.workers / (run.workers * base.samples_per_s)
+                 if len(series) > 1 else None)
         out.append(Summary(**{**{f.name: getattr(run, f.name) for f in fields(run)},
                               "efficiency": value, "scaling": scaling}))
     return sorted(out, key=lambda s: (s.mode, key(s), s.workers))

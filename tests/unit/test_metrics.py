@@ -84,6 +84,11 @@ def test_efficiency_baseline_is_the_smallest_run_of_the_series() -> None:
     assert [s.efficiency for s in out] == pytest.approx([1.0, 0.75])
 
 
+def test_a_run_alone_in_its_series_has_no_efficiency() -> None:
+    out = metrics.efficiency([run(2, 8, 100.0), run(2, 16, 150.0)])
+    assert [s.efficiency for s in out] == [None, None]
+
+
 def test_unknown_scaling_mode_is_named() -> None:
     with pytest.raises(metrics.MetricsError, match="scaling: 'linear' is not allowed; allowed: weak, strong"):
         metrics.efficiency([], "linear")
