@@ -13,6 +13,11 @@ ANSIBLE_FLAGS ?=
 PYTEST_FLAGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible/ansible.cfg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# torch==2.13.0 must resolve to the machine's local CPU wheel where it has one,
+# whatever the user's pip configuration says (PyPI's build pulls GBs of CUDA).
+ifneq ($(wildcard /opt/wheels),)
+export PIP_FIND_LINKS ?= /opt/wheels
+endif
 
 .PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy containers clean
 
