@@ -33,7 +33,7 @@ $(VENV)/.stamp: requirements/runtime.txt requirements/dev.txt pyproject.toml
 	$(PY) -c "import torch, submitit, ansible, pyhpc"
 	touch $@
 
-test: venv lab-up ## Lint, unit and integration tests (brings the lab up first if it is down).
+test: venv lab-up ## Lint, unit and integration tests (deploys the lab first; idempotent when it is up).
 	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests
 
 unit: venv ## Unit tests only (no cluster needed).
