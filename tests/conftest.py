@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pyhpc import cluster, paths
+
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,3 +41,9 @@ def golden() -> Golden:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def lab() -> cluster.Cluster:
+    """The lab's cluster definition, as every command on the lab loads it."""
+    return cluster.load(paths.LAB_CLUSTER)

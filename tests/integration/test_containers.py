@@ -46,13 +46,6 @@ def built() -> dict:
     return json.loads((IMAGE_DIR / "image.json").read_text())
 
 
-@pytest.fixture
-def work(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("containers")
-    path.chmod(0o755)
-    return path
-
-
 def test_built_image_self_test_reports_versions_and_no_gpu(built: dict) -> None:
     lines = built["selftest"]
     assert "torch: 2.13.0+cpu" in lines and "cuda: none" in lines and "nccl: none" in lines

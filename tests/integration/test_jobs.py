@@ -48,13 +48,6 @@ def deployed_copy_is_current() -> None:
     assert not stale, f"/opt/pyhpc/src is older than this checkout ({stale}); run make deploy"
 
 
-@pytest.fixture
-def work(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("jobs")
-    path.chmod(0o755)
-    return path
-
-
 def pyhpc(work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([PYHPC, *args], cwd=work, capture_output=True, text=True, timeout=300)
     if check:

@@ -24,11 +24,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def lab() -> cluster.Cluster:
-    return cluster.load(paths.LAB_CLUSTER)
-
-
 def test_every_shipped_template_has_a_golden_case() -> None:
     mine = set(CASES)
     assert mine <= set(render.available())

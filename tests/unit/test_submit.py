@@ -31,11 +31,6 @@ def fake_sbatch(monkeypatch, tmp_path: Path) -> Path:
     return log
 
 
-@pytest.fixture
-def lab() -> cluster.Cluster:
-    return cluster.load(paths.LAB_CLUSTER)
-
-
 def test_import_pyhpc_does_not_import_submitit_or_torch() -> None:
     code = "import sys, pyhpc; print('submitit' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
