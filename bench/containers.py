@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,7 +181,7 @@ def main() -> int:
            for t in ("ddp-srun", "container")}
     result = {
         "benchmark": "containers",
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": f"{platform.node()}, {platform.machine()}, lab cluster (2 emulated CPU nodes)",
         "workload": f"pyhpc.train {args.train_args}, 2 nodes x 1 task, gloo",
         "image": image,

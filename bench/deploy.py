@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -87,7 +87,7 @@ def run_benchmark(pkgs: list[str]) -> dict[str, object]:
     changed = [int(c) for c in RECAP.findall(rerun_out)]
     ratio = fresh_s / install_s
     return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "packages": pkgs,
         "package_install_s": round(install_s, 1),

@@ -92,10 +92,10 @@ def overhead_in_job(reps: int, out: Path) -> dict:
     from torch.utils.data import DataLoader
 
     from pyhpc import dist, metrics, train
+    from pyhpc.trainconfig import TrainConfig
 
     warmup, batch = 5, 32
-    cfg = train.TrainConfig(out=str(out), mode="synthetic", synthetic_samples=4096,
-                            batch_size=batch)
+    cfg = TrainConfig(out=str(out), mode="synthetic", synthetic_samples=4096, batch_size=batch)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     info = dist.setup()

@@ -1,24 +1,40 @@
-"""The ``pyhpc`` command line. Heavy modules (torch) are imported inside commands."""
+"""The ``pyhpc`` command line. Heavy modules (torch) are imported inside commands.
+
+One error path: every expected failure is a :class:`pyhpc.errors.PyhpcError`, printed
+as one line on stderr with exit status 2; anything else is one line too, exit 1,
+with ``--debug`` for the traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import NoReturn
 
-from pyhpc import __version__, cli_containers, cli_jobs, doctor
-from pyhpc.cluster import ConfigError
+from pyhpc import __version__, cli_containers, cli_jobs, cluster, doctor, files
+from pyhpc.errors import PyhpcError
 
-#: Errors the CLI turns into one line on stderr and exit status 2.
-USER_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError, *cli_jobs.USER_ERRORS, *cli_containers.USER_ERRORS)
 DESCRIPTION = ("Submit multi-node PyTorch jobs to a Slurm cluster and report their "
                "throughput; validate and check the cluster itself.")
 
 
-def cmd_cluster_validate(args: argparse.Namespace) -> int:
-    from pyhpc import cluster
+def one_line(text: str, limit: int = 1000) -> str:
+    """``text`` as one printable line: control characters escaped, length capped."""
+    line = re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
+    return line if len(line) <= limit else f"{line[:limit]}..."
 
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit 2) like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"pyhpc: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def cmd_cluster_validate(args: argparse.Namespace) -> int:
     spec = cluster.load(args.file)
     if args.json:
         print(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
@@ -29,9 +45,22 @@ def cmd_cluster_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    checks = doctor.Doctor().checks()
+    ok = all(c.ok for c in checks)
+    if args.json:
+        print(json.dumps({"ok": ok, "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(doctor.table(checks))
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyhpc", description=DESCRIPTION)
+    parser = Parser(prog="pyhpc", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"pyhpc {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    parser.add_argument("--group-readable", action="store_true",
+                        help="files pyhpc writes are readable by your group (default: private)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     clus = sub.add_parser("cluster", help="cluster definition commands")
@@ -41,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--json", action="store_true", help="print the normalised definition")
     val.set_defaults(func=cmd_cluster_validate)
     cli_jobs.add_commands(sub)
-    doctor.add_commands(sub)
+    doc = sub.add_parser("doctor", help="check the running cluster (munge, slurmctld, "
+                         "slurmdbd, nodes, a 2-node job, sacct)")
+    doc.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doc.set_defaults(func=cmd_doctor)
     cli_containers.add_commands(sub)
     return parser
 
@@ -49,8 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    if args.group_readable:
+        files.set_group_readable(True)
     try:
         return func(args)
-    except USER_ERRORS as exc:
-        print(f"pyhpc: error: {exc}", file=sys.stderr)
+    except PyhpcError as exc:
+        print(f"pyhpc: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pyhpc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        text = str(exc).strip().splitlines()
+        print(f"pyhpc: error: unexpected {type(exc).__name__}"
+              f"{': ' + one_line(text[0], 200) if text else ''}; run with --debug for the "
+              "traceback", file=sys.stderr)
+        return 1

@@ -3,39 +3,39 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from pyhpc.containers import ContainerError
-
-#: Errors of these commands that the CLI turns into one line on stderr.
-USER_ERRORS: tuple[type[Exception], ...] = (ContainerError,)
+from pyhpc import container_build, containers
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from pyhpc import containers
-
-    text = containers.render(containers.variant(args.variant, torch=args.torch), args.format)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
-            out.write(text)
-    else:
+    text = containers.render_variant(args.variant, args.format, torch=args.torch,
+                                     output=args.output or None)
+    if not args.output:
         sys.stdout.write(text)
     return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from pyhpc import container_build
-
-    return container_build.main(args)
+    record = container_build.build_variant(
+        args.variant, args.torch, Path(args.images_dir), oci_archive=args.oci_archive,
+        force=args.force, context_only=args.context_only)
+    selftest = record.get("selftest")
+    for line in selftest if isinstance(selftest, list) else []:
+        print(f"  {line}")
+    return 0
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``containers render`` and ``containers build`` under ``sub``."""
-    cont = sub.add_parser("containers", help="framework image: render or build from containers/spec.yml")
+    cont = sub.add_parser("containers",
+                          help="framework image: render or build from containers/spec.yml")
     csub = cont.add_subparsers(dest="containers_command", required=True, metavar="SUBCOMMAND")
     ren = csub.add_parser("render", help="print the Containerfile or Apptainer .def of a variant")
     bld = csub.add_parser("build", help="build a variant offline with podman and export it")
     for parser in (ren, bld):
-        parser.add_argument("--variant", required=True, help="variant in containers/spec.yml (cpu, cuda)")
+        parser.add_argument("--variant", required=True,
+                            help="variant in containers/spec.yml (cpu, cuda)")
         parser.add_argument("--torch", help="torch version; must be the one in the spec")
     ren.add_argument("--format", choices=("oci", "apptainer"), default="oci", help="output format")
     ren.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")

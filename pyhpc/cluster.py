@@ -6,22 +6,21 @@ submission code load the same file through :func:`load`.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pyhpc import validate, yamlio
+from pyhpc.errors import PyhpcError, echo
 
 
-class ConfigError(Exception):
+class ConfigError(PyhpcError):
     """The cluster definition is invalid; the message names the key."""
 
 
 MODES = ("lab", "hosts")
 RUNTIMES = ("podman", "apptainer", "enroot")
 GPU_DETECT = ("files", "nvml")
-NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
 
 TOP_KEYS = {
     "name": "cluster name (lower-case letters, digits, '-', '_')",
@@ -50,7 +49,25 @@ PARTITION_KEYS = {
     "max_time": "time limit, Slurm syntax (e.g. 1-00:00:00 or UNLIMITED)",
 }
 ACCOUNT_KEYS = {"name": "account name", "users": "list of user names"}
-TIME_RE = re.compile(r"^(UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$")
+#: Bounds of every number in a definition, next to the keys above.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "count": (1, 1024),
+    "cpus": (1, 4096),
+    "memory_mb": (1, 64 << 20),  # 64 TiB
+    "gpus": (0, 16),
+    "slurmd_base_port": (1024, 65535),
+}
+#: Nodes in one definition, all groups together.
+MAX_NODES = 4096
+#: Entries in one list (partitions, accounts, users of an account).
+MAX_ITEMS = 4096
+
+
+def listing(names: list[str], most: int = 12) -> str:
+    """``a, b, c``, or the first ``most`` names and how many there are in all."""
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{', '.join(names[:most])}, ... ({len(names)} in all)"
 
 
 @dataclass(frozen=True)
@@ -95,8 +112,8 @@ class Cluster:
         for part in self.partitions:
             if part.name == name:
                 return part
-        allowed = ", ".join(p.name for p in self.partitions)
-        raise ConfigError(f"partition: unknown partition {name!r}; allowed: {allowed}")
+        allowed = listing([p.name for p in self.partitions])
+        raise ConfigError(f"partition: unknown partition {echo(name)}; allowed: {allowed}")
 
     @property
     def default_partition(self) -> Partition:
@@ -115,34 +132,29 @@ def _check_keys(where: str, data: Any, allowed: dict[str, str], required: tuple[
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     for key in data:
         if key not in allowed:
+            shown = key if isinstance(key, str) and key.isidentifier() and len(key) <= 40 \
+                else echo(key)
             raise ConfigError(
-                f"{where}.{key}: unknown key; allowed: {', '.join(sorted(allowed))}"
+                f"{where}.{shown}: unknown key; allowed: {', '.join(sorted(allowed))}"
             )
     for key in required:
         if key not in data:
             raise ConfigError(f"{where}.{key}: required key is missing ({allowed[key]})")
 
 
-def _int(where: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        rule = "a positive integer" if minimum > 0 else "an integer >= 0"
-        raise ConfigError(f"{where}: must be {rule}, got {value!r}")
-    return value
+def _int(where: str, value: Any) -> int:
+    return validate.integer(where, value, *BOUNDS[where.rsplit(".", 1)[-1]], error=ConfigError,
+                            text=False)
 
 
 def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{where}: {echo(value)} is not allowed; allowed: {', '.join(allowed)}")
     return value
 
 
-def _name(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
-        raise ConfigError(
-            f"{where}: {value!r} is not a valid name; use lower-case letters, digits, "
-            "'-' and '_', starting with a letter"
-        )
-    return value
+def _name(where: str, value: Any, kind: str = "slurm") -> str:
+    return validate.name(where, value, kind, error=ConfigError)
 
 
 def _bool(where: str, value: Any) -> bool:
@@ -151,34 +163,47 @@ def _bool(where: str, value: Any) -> bool:
     return value
 
 
-def _str_list(where: str, value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where}: must be a list of names, got {value!r}")
-    return value
+def _names(where: str, value: Any, kind: str = "slurm") -> list[str]:
+    if not isinstance(value, list) or len(value) > MAX_ITEMS:
+        raise ConfigError(f"{where}: must be a list of at most {MAX_ITEMS} names, "
+                          f"got {echo(value)}")
+    names = [_name(f"{where}[{i}]", v, kind) for i, v in enumerate(value)]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{where}[{i}]: duplicate name {name!r}")
+    return names
 
 
 def _nodes(data: Any, mode: str, base_port: int) -> tuple[Node, ...]:
-    if not isinstance(data, list) or not data:
-        raise ConfigError("nodes: must be a non-empty list of node groups")
+    if not isinstance(data, list) or not data or len(data) > MAX_ITEMS:
+        raise ConfigError(f"nodes: must be a non-empty list of at most {MAX_ITEMS} node groups")
     nodes: list[Node] = []
     for i, group in enumerate(data):
         where = f"nodes[{i}]"
         _check_keys(where, group, NODE_KEYS, ("name", "cpus", "memory_mb"))
         name = _name(f"{where}.name", group["name"])
-        count = _int(f"{where}.count", group["count"], 1) if "count" in group else None
+        count = _int(f"{where}.count", group["count"]) if "count" in group else None
+        if len(nodes) + (count or 1) > MAX_NODES:
+            raise ConfigError(f"{where}.count: the definition would have more than "
+                              f"{MAX_NODES} nodes")
         names = [f"{name}{k}" for k in range(1, count + 1)] if count else [name]
+        gpu_type = group.get("gpu_type")
+        template = Node(
+            name=name,
+            cpus=_int(f"{where}.cpus", group["cpus"]),
+            memory_mb=_int(f"{where}.memory_mb", group["memory_mb"]),
+            gpus=_int(f"{where}.gpus", group.get("gpus", 0)),
+            gpu_type=None if gpu_type is None else _name(f"{where}.gpu_type", gpu_type),
+            gpu_detect=_choice(f"{where}.gpu_detect", group.get("gpu_detect", "files"),
+                               GPU_DETECT),
+        )
         for node_name in names:
+            _name(f"{where}.name", node_name)  # with its number, still a valid name
             port = base_port + len(nodes) if mode == "lab" else 6818
-            nodes.append(Node(
-                name=node_name,
-                cpus=_int(f"{where}.cpus", group["cpus"], 1),
-                memory_mb=_int(f"{where}.memory_mb", group["memory_mb"], 1),
-                gpus=_int(f"{where}.gpus", group.get("gpus", 0), 0),
-                gpu_type=group.get("gpu_type"),
-                gpu_detect=_choice(f"{where}.gpu_detect", group.get("gpu_detect", "files"),
-                                   GPU_DETECT),
-                port=port,
-            ))
+            if port > 65535:
+                raise ConfigError(f"lab.slurmd_base_port: {base_port} + {len(nodes)} nodes "
+                                  "goes past port 65535")
+            nodes.append(replace(template, name=node_name, port=port))
     seen: set[str] = set()
     for node in nodes:
         if node.name in seen:
@@ -190,25 +215,24 @@ def _nodes(data: Any, mode: str, base_port: int) -> tuple[Node, ...]:
 
 
 def _partitions(data: Any, node_names: set[str]) -> tuple[Partition, ...]:
-    if not isinstance(data, list) or not data:
-        raise ConfigError("partitions: must be a non-empty list")
+    if not isinstance(data, list) or not data or len(data) > MAX_ITEMS:
+        raise ConfigError(f"partitions: must be a non-empty list of at most {MAX_ITEMS}")
     parts: list[Partition] = []
     for i, part in enumerate(data):
         where = f"partitions[{i}]"
         _check_keys(where, part, PARTITION_KEYS, ("name", "nodes"))
         name = _name(f"{where}.name", part["name"])
-        members = _str_list(f"{where}.nodes", part["nodes"])
+        members = _names(f"{where}.nodes", part["nodes"])
         if not members:
             raise ConfigError(f"{where}.nodes: must name at least one node")
         for member in members:
             if member not in node_names:
                 raise ConfigError(
                     f"{where}.nodes: unknown node {member!r}; known nodes: "
-                    f"{', '.join(sorted(node_names))}"
+                    f"{listing(sorted(node_names))}"
                 )
-        max_time = str(part.get("max_time", "UNLIMITED"))
-        if not TIME_RE.match(max_time):
-            raise ConfigError(f"{where}.max_time: {max_time!r} is not a Slurm time limit")
+        max_time = part.get("max_time", "UNLIMITED")
+        validate.time_limit(f"{where}.max_time", max_time, error=ConfigError, unlimited=True)
         if name in (p.name for p in parts):
             raise ConfigError(f"{where}.name: duplicate partition name {name!r}")
         parts.append(Partition(name, tuple(members),
@@ -223,8 +247,8 @@ def _partitions(data: Any, node_names: set[str]) -> tuple[Partition, ...]:
 
 
 def _accounts(data: Any) -> tuple[Account, ...]:
-    if not isinstance(data, list):
-        raise ConfigError("accounts: must be a list")
+    if not isinstance(data, list) or len(data) > MAX_ITEMS:
+        raise ConfigError(f"accounts: must be a list of at most {MAX_ITEMS}")
     accounts: list[Account] = []
     for i, acct in enumerate(data):
         where = f"accounts[{i}]"
@@ -232,7 +256,7 @@ def _accounts(data: Any) -> tuple[Account, ...]:
         name = _name(f"{where}.name", acct["name"])
         if name in (a.name for a in accounts):
             raise ConfigError(f"{where}.name: duplicate account name {name!r}")
-        users = _str_list(f"{where}.users", acct.get("users", []))
+        users = _names(f"{where}.users", acct.get("users", []), "user")
         accounts.append(Account(name, tuple(users)))
     return tuple(accounts)
 
@@ -243,7 +267,7 @@ def parse(data: Any) -> Cluster:
     mode = _choice("mode", data.get("mode", "hosts"), MODES)
     lab = data.get("lab", {})
     _check_keys("lab", lab, LAB_KEYS, ())
-    base_port = _int("lab.slurmd_base_port", lab.get("slurmd_base_port", 17001), 1024)
+    base_port = _int("lab.slurmd_base_port", lab.get("slurmd_base_port", 17001))
     nodes = _nodes(data["nodes"], mode, base_port)
     return Cluster(
         name=_name("name", data["name"]),
@@ -259,13 +283,4 @@ def parse(data: Any) -> Cluster:
 
 def load(path: str | Path) -> Cluster:
     """Read and validate a cluster definition file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read cluster definition ({exc.strerror})") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
-    return parse(data)
+    return parse(yamlio.load(path, "cluster definition", error=ConfigError))

@@ -22,7 +22,6 @@ spec rebuilds nothing.
 """
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -50,9 +49,11 @@ def log(message: str) -> None:
 
 def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run ``cmd``; a failure is a ContainerError naming the command."""
-    proc = subprocess.run(cmd, text=True, **kwargs)  # type: ignore[call-overload]
+    proc: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        cmd, text=True, **kwargs)
     if proc.returncode != 0:
-        raise ContainerError(f"build: {' '.join(cmd[:6])} ... failed with exit status {proc.returncode}")
+        raise ContainerError(f"build: {' '.join(cmd[:6])} ... failed with exit status "
+                             f"{proc.returncode}", "build")
     return proc
 
 
@@ -124,7 +125,8 @@ def prepare_context(var: Variant, ctx: Path) -> tuple[str, str]:
     wheels = ctx / "wheels"
     wheels.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
-           "--python-version", var.python, "--dest", str(wheels), "-r", str(ctx / "requirements.txt")]
+           "--python-version", var.python, "--dest", str(wheels),
+           "-r", str(ctx / "requirements.txt")]
     for link in var.wheels.get("find_links", []):
         cmd += ["--find-links", link]
     if "index_url" in var.wheels:
@@ -151,7 +153,9 @@ def export(var: Variant, ref: str, dest: Path) -> Path:
             run(["tar", "-x", "--numeric-owner", "-C", str(new)], stdin=exp.stdout)
     finally:
         podman("rm", cid, capture=True)
-    (dest / "env.new").write_text("".join(f"{k}={v}\n" for k, v in var.env()))
+    # One KEY=VALUE a line, unquoted (podman's format): containers.env_file refuses any
+    # key or value that could split a line.
+    (dest / "env.new").write_text(containers.env_file(var))
     return new
 
 
@@ -176,7 +180,8 @@ def selftest(rootfs: Path, env_file: Path) -> str:
 
 def prune(var: Variant, keep: str) -> None:
     """Drop older builds of this image (each holds a full copy of its layers under vfs)."""
-    tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}", f"localhost/{var.image}", capture=True)
+    tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}", f"localhost/{var.image}",
+                  capture=True)
     for tag in tags.split():
         if tag not in (keep, f"localhost/{var.image}:latest"):
             subprocess.run([*PODMAN, "rmi", tag], stdout=subprocess.DEVNULL)
@@ -193,7 +198,8 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
     """Build ``var`` unless up to date; returns the image record (also in image.json)."""
     for tool in ("podman", "runc"):
         if shutil.which(tool) is None and not context_only:
-            raise ContainerError(f"build: {tool} is not installed (the containers role installs it)")
+            raise ContainerError(f"build: {tool} is not installed (the containers role "
+                                 "installs it)", "build")
     if not context_only:
         check_base(var)
     ctx = CACHE / var.name
@@ -234,7 +240,8 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
     record = {
         "image": var.image, "variant": var.name, "ref": ref, "key": key,
         "image_id": podman("image", "inspect", "--format", "{{.Id}}", ref, capture=True),
-        "image_size_bytes": int(podman("image", "inspect", "--format", "{{.Size}}", ref, capture=True)),
+        "image_size_bytes": int(podman("image", "inspect", "--format", "{{.Size}}", ref,
+                                       capture=True)),
         "rootfs": str(dest / "rootfs"), "rootfs_bytes": du(dest / "rootfs"),
         "env_file": str(dest / "env"), "labels": dict(var.labels()),
         "base_seconds": round(base_s, 1), "build_seconds": round(build_s, 1),
@@ -250,13 +257,14 @@ def build(var: Variant, images_dir: Path, oci_archive: bool = False, force: bool
     return record
 
 
-def main(args: argparse.Namespace) -> int:
-    var = containers.variant(args.variant, torch=args.torch)
+def build_variant(variant: str, torch: str | None, images_dir: Path, *,
+                  oci_archive: bool = False, force: bool = False,
+                  context_only: bool = False) -> dict[str, object]:
+    """``pyhpc containers build``: resolve ``variant`` (``torch``, when given, must be the
+    spec's) and :func:`build` it under the build lock; returns the image record."""
+    var = containers.variant(variant, torch=torch)
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / "build.lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: they share podman's store
-        record = build(var, Path(args.images_dir), oci_archive=args.oci_archive, force=args.force,
-                       context_only=args.context_only)
-    for line in record.get("selftest", []):  # type: ignore[union-attr]
-        print(f"  {line}")
-    return 0
+        return build(var, images_dir, oci_archive=oci_archive, force=force,
+                     context_only=context_only)

@@ -1,4 +1,4 @@
-"""torch.distributed set-up for jobs: nccl with CUDA, gloo without.
+"""torch.distributed set-up for jobs: nccl when the task's device is a GPU, gloo otherwise.
 
 Inside a Slurm task the rank layout comes from submitit's
 ``TorchDistributedEnvironment`` (which parses Slurm's variables and node lists);
@@ -13,6 +13,8 @@ import runpy
 import sys
 from dataclasses import dataclass
 
+from pyhpc import device
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -24,6 +26,8 @@ class DistInfo:
     backend: str
     master_addr: str
     master_port: int
+    #: The task's device and precision, as :func:`pyhpc.device.resolve` chose them.
+    place: device.Placement = device.CPU
 
 
 def export_env() -> None:
@@ -37,34 +41,31 @@ def export_env() -> None:
 
     # submitit only reads Slurm's variables when it believes it launched the task.
     os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
-    cuda = _cuda_available()
     # MASTER_PORT from the batch script (derived from the job id) wins over submitit's choice.
+    # CUDA_VISIBLE_DEVICES stays as Slurm set it: pyhpc.device picks the task's GPU from it.
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    if cuda and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LOCAL_RANK"]
 
 
-def _cuda_available() -> bool:
-    import torch
+def setup(place: device.Placement | None = None) -> DistInfo:
+    """Initialise the default process group for this task and describe it.
 
-    return torch.cuda.is_available()
-
-
-def setup() -> DistInfo:
-    """Initialise the default process group for this task and describe it."""
-    import torch
+    ``place`` is the task's device (default: :func:`pyhpc.device.resolve` of ``auto``).
+    The backend follows it — NCCL only on a GPU, gloo on the CPU — and a GPU becomes the
+    process's current device before the group is created.
+    """
     import torch.distributed as td
 
     export_env()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    if place is None:
+        place = device.resolve("auto")
+    place.activate()
     if not td.is_initialized():
-        td.init_process_group(backend=backend)
+        td.init_process_group(backend=place.backend)
     return DistInfo(
         rank=td.get_rank(), world_size=td.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")), backend=backend,
-        master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")), backend=str(td.get_backend()),
+        master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]),
+        place=place)
 
 
 def teardown(timeout_s: float = 60.0) -> None:

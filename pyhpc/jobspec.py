@@ -1,66 +1,129 @@
-"""A job's resource request (nodes, tasks, GPUs, partition), checked against the cluster.
+"""A job's resource request, checked against the cluster, and its one mapping to Slurm.
 
-Rendering a template and submitting through submitit both go through
-:func:`check`, so a bad request fails the same way before anything reaches Slurm.
+Templates (:mod:`pyhpc.render`), script submission and submitit all go through
+:func:`check` and read option names from :data:`OPTIONS`, so a request has one set of
+names (``tasks_per_node``, ``cpus_per_task``...) and fails the same way everywhere
+before anything reaches Slurm.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from pyhpc.cluster import Cluster
+from pyhpc import validate
+from pyhpc.cluster import Cluster, ConfigError
+from pyhpc.errors import PyhpcError
+
+#: The time limit of a job that names none.
+DEFAULT_TIME = "00:10:00"
 
 
-class JobSpecError(ValueError):
+class JobSpecError(PyhpcError):
     """A resource request the cluster cannot satisfy; the message names the argument."""
 
 
-TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")
+def _bounds(low: int, high: int) -> dict[str, Any]:
+    return {"bounds": (low, high)}
 
 
 @dataclass(frozen=True)
 class JobSpec:
     """What a job asks Slurm for. ``partition=None`` means the cluster's default."""
 
-    nodes: int = 1
-    tasks_per_node: int = 1
-    gpus_per_node: int = 0
-    cpus_per_task: int | None = None
+    nodes: int = field(default=1, metadata=_bounds(1, 4096))
+    tasks_per_node: int = field(default=1, metadata=_bounds(1, 1024))
+    gpus_per_node: int = field(default=0, metadata=_bounds(0, 64))
+    cpus_per_task: int | None = field(default=None, metadata=_bounds(1, 4096))
     partition: str | None = None
-    time: str = "00:10:00"
+    time: str = DEFAULT_TIME
+    job_name: str | None = None
 
 
-def _int(name: str, value: object, minimum: int) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        raise JobSpecError(f"{name}: must be an integer >= {minimum}, got {value!r}") from None
-    if number < minimum:
-        raise JobSpecError(f"{name}: must be an integer >= {minimum}, got {value!r}")
-    return number
+#: JobSpec field -> (sbatch option, submitit parameter): the one table of names.
+OPTIONS: dict[str, tuple[str, str]] = {
+    "nodes": ("nodes", "nodes"),
+    "tasks_per_node": ("ntasks-per-node", "tasks_per_node"),
+    "gpus_per_node": ("gpus-per-node", "gpus_per_node"),
+    "cpus_per_task": ("cpus-per-task", "cpus_per_task"),
+    "partition": ("partition", "slurm_partition"),
+    "time": ("time", "timeout_min"),
+    "job_name": ("job-name", "name"),
+}
+BOUNDS: dict[str, tuple[int, int]] = {
+    f.name: f.metadata["bounds"] for f in fields(JobSpec) if "bounds" in f.metadata}
+
+
+def check_value(key: str, value: object) -> Any:
+    """One field's value, converted and checked on its own (no cluster needed)."""
+    if value is None and key in ("cpus_per_task", "partition", "job_name"):
+        return None
+    if key in BOUNDS:
+        return validate.integer(key, value, *BOUNDS[key], error=JobSpecError)
+    if key == "time":
+        validate.time_limit(key, value, error=JobSpecError)
+        return value
+    if key == "job_name":
+        return validate.name(key, value, "job", error=JobSpecError)
+    if key == "partition":
+        return validate.name(key, value, "slurm", error=JobSpecError)
+    raise JobSpecError(f"{key}: not a resource; allowed: {', '.join(OPTIONS)}")
 
 
 def check(spec: JobSpec, cluster: Cluster) -> JobSpec:
-    """Return ``spec`` with the partition filled in, or raise JobSpecError."""
-    nodes = _int("nodes", spec.nodes, 1)
-    tasks = _int("tasks_per_node", spec.tasks_per_node, 1)
-    gpus = _int("gpus_per_node", spec.gpus_per_node, 0)
-    cpus = None if spec.cpus_per_task is None else _int("cpus_per_task", spec.cpus_per_task, 1)
-    name = spec.partition or cluster.default_partition.name
+    """Return ``spec`` with values converted and the partition filled in, or raise."""
+    values = {f.name: check_value(f.name, getattr(spec, f.name)) for f in fields(JobSpec)}
+    name = values["partition"] or cluster.default_partition.name
     try:
         part = cluster.partition(name)
-    except Exception as exc:  # ConfigError: re-raise in this family, same message
-        raise JobSpecError(str(exc)) from None
-    if nodes > len(part.nodes):
-        raise JobSpecError(
-            f"nodes: partition {name!r} has {len(part.nodes)} nodes, {nodes} requested")
+    except ConfigError as exc:  # re-raised in this family, same message
+        raise JobSpecError(str(exc), "partition") from None
+    if values["nodes"] > len(part.nodes):
+        raise JobSpecError(f"nodes: partition {name!r} has {len(part.nodes)} nodes, "
+                           f"{values['nodes']} requested")
     have = cluster.partition_gpus(name)
-    if gpus > have:
+    if values["gpus_per_node"] > have:
         with_gpus = [p.name for p in cluster.partitions if cluster.partition_gpus(p.name) > 0]
         where = ", ".join(with_gpus) if with_gpus else "none (this cluster has no GPUs)"
         raise JobSpecError(
-            f"gpus_per_node: partition {name!r} has {have} GPUs per node, {gpus} requested; "
-            f"partitions with GPUs: {where}")
-    if not TIME_RE.match(str(spec.time)):
-        raise JobSpecError(f"time: {spec.time!r} is not a Slurm time limit (e.g. 00:10:00)")
-    return JobSpec(nodes, tasks, gpus, cpus, name, str(spec.time))
+            f"gpus_per_node: partition {name!r} has {have} GPUs per node, "
+            f"{values['gpus_per_node']} requested; partitions with GPUs: {where}")
+    limit = validate.time_limit("max_time", part.max_time, unlimited=True)
+    wanted = validate.time_limit("time", values["time"], error=JobSpecError)
+    if limit is not None and wanted is not None and wanted > limit:
+        raise JobSpecError(f"time: {values['time']} is longer than partition {name!r} allows "
+                           f"({part.max_time}); the job could never start")
+    values["partition"] = name
+    return JobSpec(**values)
+
+
+def sbatch_options(spec: JobSpec, only: set[str] | None = None) -> dict[str, Any]:
+    """sbatch option name -> value for a checked spec (no GPUs: no GPU option)."""
+    out: dict[str, Any] = {}
+    for key, (option, _) in OPTIONS.items():
+        value = getattr(spec, key)
+        if (only is not None and key not in only) or value is None:
+            continue
+        if key == "gpus_per_node" and value == 0:
+            continue
+        out[option] = value
+    return out
+
+
+def sbatch_args(spec: JobSpec, only: set[str] | None = None) -> list[str]:
+    """``--option=value`` arguments for sbatch, sorted by option name."""
+    return [f"--{k}={v}" for k, v in sorted(sbatch_options(spec, only).items())]
+
+
+def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
+    """submitit's parameter names for a checked spec (time goes in as minutes)."""
+    params: dict[str, Any] = {}
+    for key, (_, param) in OPTIONS.items():
+        value = getattr(spec, key)
+        if value is None or (key == "gpus_per_node" and value == 0):
+            continue
+        if key == "time":
+            seconds = validate.time_limit("time", value, error=JobSpecError) or 0
+            params["timeout_min"] = max(1, -(-seconds // 60))
+        else:
+            params[param] = value
+    return params

@@ -9,32 +9,51 @@ global rate of a step is global batch / the slowest rank's time for that step.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
+import stat
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
+
+from pyhpc import files
+from pyhpc.errors import PyhpcError, echo
 
 
-class MetricsError(ValueError):
-    """Timings that cannot be summarised (no steps left after warm-up, ragged ranks)."""
+class MetricsError(PyhpcError):
+    """Timings that cannot be summarised (no steps left after warm-up, ragged ranks), or a
+    metrics file that cannot be read back (named with its line)."""
+
+
+def _nothing() -> None:
+    """The CPU's synchronisation: nothing is queued."""
 
 
 class StepTimer:
-    """Records step-to-step wall times with one perf_counter call per step."""
+    """Records step-to-step wall times with one perf_counter call per step.
 
-    def __init__(self) -> None:
+    ``sync`` is called first at every mark: on a GPU it waits for the step's kernels
+    (:meth:`pyhpc.device.Placement.synchronize`), so a step's time is its real duration
+    and not the time to queue it; on the CPU it returns at once.
+    """
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.times: list[float] = []
+        self._sync = sync if sync is not None else _nothing
         self._last = time.perf_counter()
 
     def restart(self) -> None:
         """Start timing from now (call before the first step of an epoch)."""
+        self._sync()
         self._last = time.perf_counter()
 
     def step(self) -> None:
         """Mark the end of one step."""
+        self._sync()
         now = time.perf_counter()
         self.times.append(now - self._last)
         self._last = now
@@ -147,7 +166,8 @@ def efficiency(runs: Iterable[Summary], scaling: str = "weak") -> list[Summary]:
     if scaling not in SCALING:
         raise MetricsError(f"scaling: {scaling!r} is not allowed; allowed: {', '.join(SCALING)}")
     runs = list(runs)
-    key = (lambda s: s.local_batch) if scaling == "weak" else (lambda s: s.global_batch)
+    key: Callable[[Summary], int] = (
+        (lambda s: s.local_batch) if scaling == "weak" else (lambda s: s.global_batch))
     out: list[Summary] = []
     for run in runs:
         series = [r for r in runs if key(r) == key(run) and r.mode == run.mode]
@@ -161,32 +181,110 @@ def efficiency(runs: Iterable[Summary], scaling: str = "weak") -> list[Summary]:
 
 
 def write_jsonl(path: Path, summaries: Iterable[Summary]) -> None:
-    """Append one JSON object per summary."""
-    with path.open("a") as fh:
-        for s in summaries:
-            fh.write(json.dumps(s.row(), sort_keys=True) + "\n")
+    """Append one JSON object per summary (never through a link: see :mod:`pyhpc.files`)."""
+    files.append_text(path, "".join(json.dumps(s.row(), sort_keys=True) + "\n"
+                                    for s in summaries))
+
+
+def _kinds() -> dict[str, tuple[tuple[type, ...], bool]]:
+    """Per Summary field (but ``extra``): the types a record may hold, and if null may be."""
+    out = {}
+    for name, hint in get_type_hints(Summary).items():
+        args = get_args(hint) or (hint,)
+        out[name] = (tuple(a for a in args if a is not type(None)), type(None) in args)
+    del out["extra"]
+    return out
+
+
+#: A metrics.jsonl holds a line per run; anything this large is something else.
+MAX_FILE_BYTES = 64 << 20
+#: What each field of a record read back may hold.
+_KINDS = _kinds()
+#: Fields that are divided by: a record must have them above zero.
+_POSITIVE = ("workers", "local_batch", "global_batch", "samples_per_s")
+
+
+def _field_error(name: str, value: object) -> str | None:
+    """Why ``value`` cannot be the Summary field ``name``, or None if it can."""
+    kinds, nullable = _KINDS[name]
+    if value is None:
+        return None if nullable else "must not be null"
+    if float in kinds:
+        want, ok = "a number", isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif int in kinds:
+        want, ok = "an integer", isinstance(value, int) and not isinstance(value, bool)
+    else:
+        want, ok = "printable text", isinstance(value, str) and value.isprintable()
+    if not ok:
+        return f"must be {want}, got {echo(value)}"
+    if name in _POSITIVE and not (isinstance(value, (int, float)) and value > 0):
+        return f"must be above 0, got {echo(value)}"
+    return None
+
+
+def _summary(row: object, where: str) -> Summary:
+    """A Summary from one JSON record, or a MetricsError naming ``where`` (file:line)."""
+    if not isinstance(row, dict):
+        raise MetricsError(f"{where}: expected a JSON object, got {type(row).__name__}", where)
+    required = [f.name for f in fields(Summary) if f.default is MISSING
+                and f.default_factory is MISSING]
+    missing = [k for k in required if k not in row]
+    if missing:
+        raise MetricsError(f"{where}: not a metrics record; missing {', '.join(missing)}",
+                           where)
+    values: dict[str, Any] = {}
+    for name in _KINDS:
+        if name in row:
+            why = _field_error(name, row[name])
+            if why:
+                raise MetricsError(f"{where}: {name}: {why}", where)
+            values[name] = row[name]
+    extra = {k[len("extra_"):]: v for k, v in row.items() if k.startswith("extra_")}
+    return Summary(**values, extra=extra)
 
 
 def read_jsonl(path: Path) -> list[Summary]:
-    """Summaries written by :func:`write_jsonl`."""
-    names = {f.name for f in fields(Summary)}
+    """Summaries written by :func:`write_jsonl`. A file that is not text, a line that is
+    not JSON, a record of the wrong shape or types: one MetricsError naming file:line."""
+    try:
+        with path.open("rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise MetricsError(f"{path}: not a regular file", str(path))
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise MetricsError(f"{path}: cannot read ({exc.strerror})", str(path)) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise MetricsError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB; not a metrics file",
+                           str(path))
     out = []
-    for line in path.read_text().splitlines():
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        where = f"{path}:{number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MetricsError(f"{where}: not UTF-8 text", where) from None
         if not line.strip():
             continue
-        row = json.loads(line)
-        extra = {k[len("extra_"):]: v for k, v in row.items() if k.startswith("extra_")}
-        out.append(Summary(**{k: v for k, v in row.items() if k in names}, extra=extra))
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise MetricsError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})",
+                               where) from None
+        except RecursionError:
+            raise MetricsError(f"{where}: not valid JSON (nested too deeply)", where) from None
+        out.append(_summary(row, where))
     return out
 
 
 def write_csv(path: Path, summaries: Sequence[Summary]) -> None:
-    """Write summaries as CSV (header from the first row's keys)."""
+    """Write summaries as CSV (header from the first row's keys), atomically and never
+    through a link."""
     rows = [s.row() for s in summaries]
     if not rows:
         raise MetricsError("no summaries to write")
     keys = sorted({k for r in rows for k in r})
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    files.write_text(path, text.getvalue())

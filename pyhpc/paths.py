@@ -9,6 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SLURM_ETC = ROOT / "slurm" / "etc"
 SLURM_JOBS = ROOT / "slurm" / "jobs"
 CONTAINERS = ROOT / "containers"
+#: The shared install on every node (the login role): the runtime venv and this source.
+SHARED_VENV = Path("/opt/pyhpc/venv")
+SHARED_SRC = Path("/opt/pyhpc/src")
 #: Written by the login role on every deployed cluster.
 DEPLOYED_CLUSTER = Path("/etc/pyhpc/cluster.yml")
 LAB_CLUSTER = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"

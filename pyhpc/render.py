@@ -10,31 +10,97 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2 import meta
+from jinja2 import meta, nodes
 
-from pyhpc import paths
+from pyhpc import jobspec, paths, validate
 from pyhpc.cluster import Cluster
+from pyhpc.errors import PyhpcError, echo
 from pyhpc.jobspec import JobSpec, check
 
 SUFFIX = ".sbatch.j2"
-#: sbatch() keyword arguments that make up the resource request.
-RESOURCE_KEYS = ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "partition", "time")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-SAFE_NAME_RE = re.compile(r"^[\w.+-]+$")
-SAFE_CHARS_RE = re.compile(r"[^\w.+-]")
+#: Longest value one variable may have.
+MAX_VALUE = 4096
+#: Most array tasks (Slurm's default MaxArraySize is 1001).
+MAX_ARRAY_TASKS = 1001
 
 
-class RenderError(ValueError):
+class RenderError(PyhpcError):
     """A template cannot be rendered; the message names the template and variable."""
 
 
 class Quoted(str):
     """A string already safe to paste into a shell script."""
+
+
+def _int_var(low: int, high: int) -> Callable[[str, str], str]:
+    return lambda key, value: str(validate.integer(key, value, low, high, error=RenderError))
+
+
+def _name_var(kind: str) -> Callable[[str, str], str]:
+    return lambda key, value: validate.name(key, value, kind, error=RenderError)
+
+
+def _time_var(key: str, value: str) -> str:
+    validate.time_limit(key, value, error=RenderError)
+    return value
+
+
+def _image_var(key: str, value: str) -> str:
+    """A path (podman's image dir, a .sif) or an image reference (enroot)."""
+    try:
+        return validate.name(key, value, "path", error=RenderError)
+    except RenderError:
+        return validate.name(key, value, "imageref", error=RenderError)
+
+
+def _paths_var(key: str, value: str) -> str:
+    for i, item in enumerate(v for v in value.split(",") if v):
+        validate.name(f"{key}[{i}]", item, "abspath", error=RenderError)
+    return value
+
+
+#: Variables with a type, checked before any template sees them (a template's
+#: ``|int`` would quietly turn ``abc`` or ``inf`` into 0). The resource variables
+#: take their bounds from the job spec; the rest are declared here.
+VARIABLES: dict[str, Callable[[str, str], str]] = {
+    **{key: _int_var(*bounds) for key, bounds in jobspec.BOUNDS.items()},
+    "nproc_per_node": _int_var(1, 1024),
+    "concurrency": _int_var(1, MAX_ARRAY_TASKS),
+    "port": _int_var(1024, 65535),
+    "time": _time_var,
+    "job_name": _name_var("job"),
+    "partition": _name_var("slurm"),
+    "python": _name_var("path"),
+    "script": _name_var("path"),
+    "image": _image_var,
+    "output": _name_var("path"),
+    "module": _name_var("module"),
+    "src": _name_var("abspath"),
+    "binds": _paths_var,
+    "login_host": _name_var("host"),
+}
+
+
+def check_values(values: Mapping[str, Any]) -> dict[str, str]:
+    """Every value as a string, checked: no control characters, bounded, typed ones typed."""
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        text = str(value)
+        if len(text) > MAX_VALUE:
+            raise RenderError(f"{key}: longer than {MAX_VALUE} characters")
+        if CONTROL_RE.search(text):
+            raise RenderError(f"{key}: control characters (e.g. newlines) are not allowed, "
+                              f"got {echo(text)}")
+        out[key] = VARIABLES[key](key, text) if key in VARIABLES else text
+    if "script" in out and "module" in out:
+        raise RenderError("script: give script or module, not both")
+    return out
 
 
 def q(value: Any) -> Quoted:
@@ -44,39 +110,60 @@ def q(value: Any) -> Quoted:
     return Quoted(shlex.quote(str(value)))
 
 
-def qargs(value: Any) -> Quoted:
+def _split(value: Any, key: str) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [str(w) for w in value]
+    try:
+        return shlex.split(str(value))
+    except ValueError as exc:
+        raise RenderError(f"{key}: cannot split {echo(str(value))} into words ({exc}); "
+                          "quote like a shell would") from None
+
+
+def qargs(value: Any, key: str = "args") -> Quoted:
     """The ``qargs`` filter: split a string like a shell would, then quote each word."""
-    words = value if isinstance(value, (list, tuple)) else shlex.split(str(value))
-    return Quoted(" ".join(shlex.quote(str(w)) for w in words))
+    return Quoted(" ".join(shlex.quote(w) for w in _split(value, key)))
+
+
+def qcmd(value: Any, key: str = "command") -> Quoted:
+    """The ``qcmd`` filter: ``qargs`` for a command line, whose first word is no option."""
+    words = _split(value, key)
+    if not words or words[0].startswith("-"):
+        raise RenderError(f"{key}: must start with a program, not {echo(words[0] if words else '')}")
+    return Quoted(" ".join(shlex.quote(w) for w in words))
+
+
+def array_values(text: str, key: str = "values") -> list[str]:
+    """Comma-separated values; an item ``N-M`` of integers stands for N, N+1, ..., M."""
+    items: list[str] = []
+    for item in text.split(","):
+        lo, sep, hi = item.partition("-")
+        if sep and lo.isdigit() and hi.isdigit() and len(lo) < 10 and len(hi) < 10:
+            if int(hi) < int(lo) or int(hi) - int(lo) >= MAX_ARRAY_TASKS:
+                raise RenderError(f"{key}: range {item} must go up and have at most "
+                                  f"{MAX_ARRAY_TASKS} values")
+            items += [str(n) for n in range(int(lo), int(hi) + 1)]
+        else:
+            items.append(item)
+        if len(items) > MAX_ARRAY_TASKS:
+            raise RenderError(f"{key}: at most {MAX_ARRAY_TASKS} values (one array task each)")
+    return items
 
 
 def sbatch_lines(cluster: Cluster, options: Mapping[str, Any]) -> Quoted:
-    """``#SBATCH`` lines for ``options`` (None/False dropped, True is a bare flag), sorted."""
+    """``#SBATCH`` lines: the job spec's fields through its one table, other options
+    (None/False dropped, True a bare flag) by name; sorted."""
     opts = {k: v for k, v in options.items() if v is not None and v is not False and v != ""}
-    resources = {k: opts[k] for k in RESOURCE_KEYS if k in opts}
-    spec = check(JobSpec(
-        nodes=resources.get("nodes", 1),
-        tasks_per_node=resources.get("ntasks_per_node", 1),
-        gpus_per_node=resources.get("gpus_per_node", 0),
-        cpus_per_task=resources.get("cpus_per_task"),
-        partition=resources.get("partition"),
-        time=resources.get("time", "00:10:00"),
-    ), cluster)
-    opts["partition"] = spec.partition
-    name = str(opts.get("job_name", ""))
-    if "%x" in str(opts.get("output", "")) and not SAFE_NAME_RE.match(name):
-        # slurmstepd fails to open a log path with quotes in it: spell a safe name instead.
-        opts["output"] = str(opts["output"]).replace("%x", SAFE_CHARS_RE.sub("_", name) or "job")
-    if str(opts.get("gpus_per_node", "0")) == "0":
-        opts.pop("gpus_per_node", None)
-    lines = []
-    for key in sorted(k.replace("_", "-") for k in opts):
-        value = opts[key.replace("-", "_")]
+    given = {k: opts.pop(k) for k in list(opts) if k in jobspec.OPTIONS}
+    spec = check(JobSpec(**given), cluster)
+    lines = {f"--{k}={q(v)}" for k, v in jobspec.sbatch_options(spec).items()}
+    for key, value in opts.items():
         if CONTROL_RE.search(str(value)):
-            raise RenderError(f"{key.replace('-', '_')}: control characters (e.g. newlines) "
+            raise RenderError(f"{key}: control characters (e.g. newlines) "
                               "are not allowed in #SBATCH values")
-        lines.append(f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={q(value)}")
-    return Quoted("\n".join(lines))
+        option = key.replace("_", "-")
+        lines.add(f"--{option}" if value is True else f"--{option}={q(value)}")
+    return Quoted("\n".join(f"#SBATCH {line}" for line in sorted(lines)))
 
 
 def _finalize(value: Any) -> Any:
@@ -96,8 +183,11 @@ def environment(cluster: Cluster, search: Iterable[Path] = ()) -> jinja2.Environ
     )
     env.filters["q"] = q
     env.filters["qargs"] = qargs
+    env.filters["qcmd"] = qcmd
+    env.filters["array_values"] = array_values
     env.globals["sbatch"] = lambda **opts: sbatch_lines(cluster, opts)
     env.globals["fail"] = _fail
+    env.globals["default_time"] = jobspec.DEFAULT_TIME
     return env
 
 
@@ -118,7 +208,7 @@ def _resolve(template: str) -> tuple[str, list[Path]]:
         return path.name, [path.resolve().parent]
     name = template if template.endswith(SUFFIX) else template + SUFFIX
     if not (paths.SLURM_JOBS / name).is_file():
-        raise RenderError(f"template: unknown template {template!r}; "
+        raise RenderError(f"template: unknown template {echo(template)}; "
                           f"available: {', '.join(available())}")
     return name, []
 
@@ -127,6 +217,7 @@ def variables(env: jinja2.Environment, name: str) -> set[str]:
     """Every variable a template (and the templates it extends or includes) refers to."""
     seen: set[str] = set()
     found: set[str] = set()
+    assigned: set[str] = set()
     todo = [name]
     while todo:
         current = todo.pop()
@@ -137,26 +228,42 @@ def variables(env: jinja2.Environment, name: str) -> set[str]:
         source = env.loader.get_source(env, current)[0]
         ast = env.parse(source)
         found |= meta.find_undeclared_variables(ast)
+        for assign in ast.find_all(nodes.Assign):  # {% set x = ... %}: not a variable
+            targets = [assign.target, *assign.target.find_all(nodes.Name)]
+            assigned |= {t.name for t in targets if isinstance(t, nodes.Name)}
         todo.extend(t for t in meta.find_referenced_templates(ast) if t)
-    return found - set(env.globals)
+    return found - set(env.globals) - assigned
 
 
 def render(template: str, values: Mapping[str, Any], cluster: Cluster) -> str:
     """Render ``template`` (a name in slurm/jobs/ or a path) with ``values``."""
     name, search = _resolve(template)
     env = environment(cluster, search)
-    allowed = variables(env, name)
-    for key in sorted(values):
-        if key not in allowed:
-            raise RenderError(f"{key}: unknown variable for template {name!r}; "
-                              f"allowed: {', '.join(sorted(allowed))}")
     try:
-        return env.get_template(name).render(dict(values))
+        allowed = variables(env, name)
+        for key in sorted(values):
+            if key not in allowed:
+                shown = key if key.isidentifier() and len(key) <= 40 else echo(key)
+                raise RenderError(f"{shown}: unknown variable for template {name!r}; "
+                                  f"allowed: {', '.join(sorted(allowed))}")
+        checked = check_values(values)
+        return env.get_template(name).render(checked)
     except jinja2.UndefinedError as exc:
         match = re.search(r"'([^']+)' is undefined", str(exc))
         var = match.group(1) if match else str(exc)
         raise RenderError(f"{var}: missing variable for template {name!r}; "
                           f"set it with --set {var}=VALUE") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(f"template: {exc.filename or name}:{exc.lineno}: "
+                          f"{exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        raise RenderError(f"template: {name!r} includes {exc.name!r}, which does not "
+                          "exist") from None
+    except PyhpcError:
+        raise
+    except Exception as exc:  # raised by a user's template while rendering
+        raise RenderError(f"template: {name!r} failed while rendering "
+                          f"({type(exc).__name__}: {echo(str(exc))})") from None
 
 
 def parse_sets(pairs: Iterable[str]) -> dict[str, str]:
@@ -165,6 +272,7 @@ def parse_sets(pairs: Iterable[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise RenderError(f"--set: expected KEY=VALUE, got {pair!r}")
+            raise RenderError(f"--set: expected KEY=VALUE, got {echo(pair)}")
         values[key.replace("-", "_")] = value
     return values
+

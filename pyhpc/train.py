@@ -3,7 +3,9 @@
 ``mode="digits"`` trains on the 1,797 8x8 handwritten digits that ship with
 scikit-learn (no download); ``mode="synthetic"`` trains a wider CNN on generated
 32x32 images, for throughput. Data-parallel (DDP) over every task of the job,
-fixed seeds, a checkpoint after every epoch. :class:`Trainer` is a submitit
+fixed seeds, a checkpoint after every epoch. Each task computes on the device
+:mod:`pyhpc.device` chooses (``--device``, ``--precision``); the loop is the same on every
+device, only the placement's flags differ. :class:`Trainer` is a submitit
 Checkpointable: a preempted, timed-out or requeued job restarts from the last
 completed epoch, so no epoch is lost or repeated.
 
@@ -17,9 +19,10 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,41 +34,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from pyhpc import dist, metrics
+from pyhpc import device, dist, files, metrics, trainconfig
+from pyhpc.errors import PyhpcError
+from pyhpc.trainconfig import TrainConfig, TrainError
 
-MODES = ("digits", "synthetic")
-DIGITS_SAMPLES = 1797  # sklearn.datasets.load_digits()
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run. ``batch_size`` is per worker (weak scaling)."""
-
-    out: str
-    mode: str = "digits"
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 0.05
-    seed: int = 0
-    warmup_steps: int = 3
-    synthetic_samples: int = 512
-    threads: int = 1
-
-
-def steps_per_epoch(cfg: TrainConfig, workers: int) -> int:
-    """Optimizer steps per epoch on each worker (80% train split, partial batches dropped)."""
-    samples = DIGITS_SAMPLES if cfg.mode == "digits" else cfg.synthetic_samples
-    return (int(0.8 * samples) // workers) // cfg.batch_size
-
-
-def check_steps(cfg: TrainConfig, workers: int) -> None:
-    """Refuse a run too short to measure: every step would be a warm-up step."""
-    steps = steps_per_epoch(cfg, workers)
-    if steps * cfg.epochs <= cfg.warmup_steps:
-        raise ValueError(
-            f"batch_size: {cfg.batch_size} per worker on {workers} workers gives {steps} steps "
-            f"per epoch, {steps * cfg.epochs} in all, not more than the {cfg.warmup_steps} "
-            "warm-up steps; use a smaller batch size, more epochs or more synthetic samples")
+CHECKPOINT = "checkpoint.pt"
+#: Files rank 0 appends to: refused up front if something other than a file is there.
+APPENDED = ("ranks.jsonl", "metrics.jsonl")
+#: One batch of a TensorDataset: inputs and labels.
+Batch = tuple[torch.Tensor, ...]
 
 
 class LeNet(nn.Module):
@@ -81,7 +58,8 @@ class LeNet(nn.Module):
             nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+        out: torch.Tensor = self.classifier(self.features(x))
+        return out
 
 
 class WideCNN(nn.Module):
@@ -96,7 +74,8 @@ class WideCNN(nn.Module):
             nn.Flatten(), nn.Linear(64 * 4 * 4, 256), nn.ReLU(), nn.Linear(256, classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 def datasets(cfg: TrainConfig) -> tuple[TensorDataset, TensorDataset, nn.Module]:
@@ -122,9 +101,105 @@ def datasets(cfg: TrainConfig) -> tuple[TensorDataset, TensorDataset, nn.Module]
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint
+    """Atomically, through a fresh private temp file: a kill mid-write leaves the previous
+    checkpoint, and a link planted at the path is replaced, never written through."""
+    files.write_with(path, lambda fh: torch.save(state, fh))
+
+
+#: What a checkpoint holds, and the type of each entry.
+CHECKPOINT_KEYS: dict[str, type] = {"model": dict, "optimizer": dict, "epoch": int,
+                                    "history": list, "attempts": int}
+
+
+def _not_a_checkpoint(path: Path, why: str) -> TrainError:
+    return TrainError(f"checkpoint: {path} is not a pyhpc checkpoint ({why})", "checkpoint")
+
+
+def _why(exc: BaseException) -> str:
+    """One short line about why a checkpoint would not load."""
+    if "Weights only load failed" in str(exc):
+        return f"{type(exc).__name__}: not only tensors and plain data; nothing in it was run"
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:80]}" if lines else type(exc).__name__
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint at ``path``, read with ``weights_only=True``: tensors, dicts, lists,
+    numbers and strings come back, nothing in the file is executed. A link, a planted
+    pickle, garbage or the wrong shape is one :class:`TrainError` naming the file."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise _not_a_checkpoint(path, f"cannot open it: {exc.strerror}; a symlink is never "
+                                      "followed") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise _not_a_checkpoint(path, "not a regular file")
+        try:
+            # On the CPU first: a checkpoint written on a GPU resumes on any device.
+            state = torch.load(fh, weights_only=True, map_location="cpu")
+        except Exception as exc:  # any failure to load means the same: not ours
+            raise _not_a_checkpoint(path, _why(exc)) from None
+    if not isinstance(state, dict):
+        raise _not_a_checkpoint(path, f"a {type(state).__name__}, not a dict")
+    for key, kind in CHECKPOINT_KEYS.items():
+        value = state.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise _not_a_checkpoint(path, f"{key!r} is not a {kind.__name__}")
+    if state["epoch"] < 0 or state["attempts"] < 0:
+        raise _not_a_checkpoint(path, "a negative epoch or attempt count")
+    if not all(isinstance(h, dict) for h in state["history"]):
+        raise _not_a_checkpoint(path, "'history' is not a list of dicts")
+    return state
+
+
+def _restore(path: Path, state: dict[str, Any], model: nn.Module,
+             opt: torch.optim.Optimizer) -> None:
+    """Load a checkpoint's model and optimizer state; a mismatch is a :class:`TrainError`."""
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise TrainError(f"checkpoint: {path} does not fit this run's model and optimizer "
+                         f"({_why(exc)})", "checkpoint") from None
+
+
+def _check_appends(out: Path) -> None:
+    """Refuse, before any work, a run directory where a file rank 0 appends to is a link
+    or anything but a regular file (the append itself would refuse it, after training)."""
+    for name in APPENDED:
+        path = out / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise files.FileError(f"out: {path} is not a regular file (a symlink is never "
+                                  "followed)", "out")
+
+
+def place_model(model: nn.Module, place: device.Placement) -> nn.Module:
+    """The model's parameters on the task's device (NHWC on GPUs, as they are on the CPU)."""
+    # Module.to takes memory_format (torch._C._nn._parse_to), its type stubs do not say so.
+    moved: nn.Module = model.to(place.torch_device(),  # type: ignore[call-overload]
+                                memory_format=place.memory_format())
+    return moved
+
+
+def to_device(batch: Batch, place: device.Placement) -> Batch:
+    """A batch on the task's device: an asynchronous copy from pinned memory on GPUs."""
+    x, y = batch
+    where = place.torch_device()
+    return (x.to(where, non_blocking=place.non_blocking, memory_format=place.memory_format()),
+            y.to(where, non_blocking=place.non_blocking))
+
+
+def make_loader(data: TensorDataset, batch_size: int, sampler: DistributedSampler[Batch],
+                place: device.Placement) -> DataLoader[Batch]:
+    """Batches in page-locked host memory on GPUs, so their copies can overlap compute."""
+    return DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=True,
+                      pin_memory=place.pin_memory)
 
 
 @dataclass(frozen=True)
@@ -137,18 +212,22 @@ class EpochResult:
     plain_s: float
 
 
-def train_epoch(model: nn.Module, loader: DataLoader, opt: torch.optim.Optimizer,
+def train_epoch(model: nn.Module, loader: DataLoader[Batch], opt: torch.optim.Optimizer,
                 loss_fn: nn.Module, timer: metrics.StepTimer | None, skip: int = 0,
-                ) -> EpochResult:
-    """The training loop, one epoch. With a timer every step is timed (the harness);
-    without one only a stopwatch runs, after ``skip`` warm-up steps (its baseline)."""
-    total, count = torch.zeros(()), 0
+                place: device.Placement = device.CPU) -> EpochResult:
+    """The training loop, one epoch, on ``place`` (the model is already there). With a
+    timer every step is timed (the harness); without one only a stopwatch runs, after
+    ``skip`` warm-up steps (its baseline). The loss sum stays on the device: no host
+    synchronisation per step for it."""
+    total, count = torch.zeros((), device=place.torch_device()), 0
     if timer is not None:
         timer.restart()
     start = time.perf_counter()
-    for x, y in loader:
+    for batch in loader:
+        x, y = to_device(batch, place)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with place.autocast():
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         total += loss.detach()
@@ -156,7 +235,9 @@ def train_epoch(model: nn.Module, loader: DataLoader, opt: torch.optim.Optimizer
         if timer is not None:
             timer.step()
         elif count == skip:
+            place.synchronize()
             start = time.perf_counter()
+    place.synchronize()
     return EpochResult(total, count, time.perf_counter() - start)
 
 
@@ -171,61 +252,87 @@ def _stop_now(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
-def _evaluate(model: nn.Module, data: TensorDataset) -> float:
+def _evaluate(model: nn.Module, data: TensorDataset, place: device.Placement) -> float:
+    """Test accuracy: computed on the device, one value brought back."""
     model.eval()
-    with torch.no_grad():
-        x, y = data.tensors
-        acc = (model(x).argmax(1) == y).float().mean().item()
+    x, y = to_device((data.tensors[0], data.tensors[1]), place)
+    with torch.no_grad(), place.autocast():
+        acc: float = (model(x).argmax(1) == y).float().mean().item()
     model.train()
     return acc
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Where a run starts: its checked config, its run directory, its checkpoint if any,
+    and the device this task computes on."""
+
+    cfg: TrainConfig
+    out: Path
+    checkpoint: dict[str, Any] | None
+    place: device.Placement
+
+
+def prepare(cfg: TrainConfig) -> Prepared:
+    """Everything that can be refused, refused before any work starts: the options and the
+    run directory (:func:`pyhpc.trainconfig.from_mapping`), a device or precision this task
+    cannot use (:func:`pyhpc.device.resolve`, before the run directory exists), a link
+    where rank 0 appends, a checkpoint that is not one of ours. Creates the run directory
+    (private) and nothing else; touches no process-wide state (threads, seeds, signals,
+    current device, process group)."""
+    cfg = trainconfig.from_mapping(asdict(cfg))  # an unpickled config was never checked
+    place = device.resolve(cfg.device, cfg.precision)
+    out = files.make_dir(cfg.out)
+    _check_appends(out)
+    ckpt_path = out / CHECKPOINT
+    state = load_checkpoint(ckpt_path) if os.path.lexists(ckpt_path) else None
+    return Prepared(cfg, out, state, place)
+
+
 def run(cfg: TrainConfig) -> metrics.Summary | None:
-    """Train on every task of the job; rank 0 writes checkpoints and metrics."""
-    if cfg.mode not in MODES:
-        raise ValueError(f"mode: {cfg.mode!r} is not allowed; allowed: {', '.join(MODES)}")
+    """Train on every task of the job; rank 0 writes checkpoints and metrics.
+    Nothing starts before :func:`prepare` has accepted the run."""
+    ready = prepare(cfg)
+    cfg, out, state = ready.cfg, ready.out, ready.checkpoint
+    ckpt_path = out / CHECKPOINT
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     signal.signal(signal.SIGTERM, _stop_now)
-    info = dist.setup()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / "checkpoint.pt"
+    place = ready.place
+    info = dist.setup(place)
     train_set, test_set, model = datasets(cfg)
+    model = place_model(model, place)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     start, history, attempts = 0, [], 0
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+    if state is not None:
+        _restore(ckpt_path, state, model, opt)
         start, history = state["epoch"] + 1, state["history"]
         attempts = state["attempts"] + 1
         if info.rank == 0:
             print(f"pyhpc.train: resuming from checkpoint after epoch {state['epoch']}", flush=True)
-    ddp = DistributedDataParallel(model)
-    sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank,
-                                 shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
+    if info.rank == 0:
+        print(f"pyhpc.train: {info.world_size} ranks, rank 0 on {place.name} ({place.reason}), "
+              f"{place.precision}, backend {info.backend}", flush=True)
+    ddp = DistributedDataParallel(model, device_ids=place.device_ids)
+    sampler: DistributedSampler[Batch] = DistributedSampler(
+        train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed,
+        drop_last=True)
+    loader = make_loader(train_set, cfg.batch_size, sampler, place)
     loss_fn = nn.CrossEntropyLoss()
-    timer = metrics.StepTimer()
+    timer = metrics.StepTimer(sync=place.synchronize)
     for epoch in range(start, cfg.epochs):
         sampler.set_epoch(epoch)
-        result = train_epoch(ddp, loader, opt, loss_fn, timer)
-        total = torch.stack([result.loss_sum, torch.tensor(float(result.steps))])
+        result = train_epoch(ddp, loader, opt, loss_fn, timer, place=place)
+        steps = torch.tensor(float(result.steps), device=result.loss_sum.device)
+        total = torch.stack([result.loss_sum, steps])
         td.all_reduce(total)
         record = {"epoch": epoch, "loss": (total[0] / total[1]).item(),
-                  "test_accuracy": _evaluate(model, test_set), "attempt": attempts}
+                  "test_accuracy": _evaluate(model, test_set, place), "attempt": attempts}
         history.append(record)
         if info.rank == 0:
             _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                               "epoch": epoch, "history": history, "attempts": attempts})
-            _write_json(out / "history.json", history)
+            files.write_text(out / "history.json", json.dumps(history, indent=1))
             print(f"pyhpc.train: epoch {epoch} loss {record['loss']:.4f} "
                   f"test accuracy {record['test_accuracy']:.3f}", flush=True)
         td.barrier()
@@ -242,15 +349,15 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
             history: list[dict[str, Any]], out: Path) -> metrics.Summary | None:
     """Gather every rank's timings; rank 0 writes ranks.jsonl, metrics.jsonl and .csv."""
     mine = {"rank": info.rank, "host": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-            "step_times": timer.times, "pid": os.getpid()}
+            "step_times": timer.times, "pid": os.getpid(), "device": info.place.name,
+            "precision": info.place.precision}
     gathered: list[Any] = [None] * info.world_size
     td.all_gather_object(gathered, mine)
     summary = None
     if info.rank == 0:
-        with (out / "ranks.jsonl").open("a") as fh:
-            for r in gathered:
-                fh.write(json.dumps({k: v for k, v in r.items() if k != "step_times"}
-                                    | {"steps": len(r["step_times"])}) + "\n")
+        files.append_text(out / "ranks.jsonl", "".join(
+            json.dumps({k: v for k, v in r.items() if k != "step_times"}
+                       | {"steps": len(r["step_times"])}) + "\n" for r in gathered))
         if gathered[0]["step_times"]:
             env = metrics.Environment(
                 torch_version=torch.__version__, backend=info.backend,
@@ -283,24 +390,20 @@ class Trainer(submitit.helpers.Checkpointable):
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Command-line options of ``python -m pyhpc.train``."""
+    """Command-line options of ``python -m pyhpc.train``, from the fields of TrainConfig."""
     parser = argparse.ArgumentParser(prog="python -m pyhpc.train", description=__doc__)
-    parser.add_argument("--out", required=True, help="directory for checkpoint and metrics")
-    parser.add_argument("--mode", choices=MODES, default="digits")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--synthetic-samples", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per task")
-    args = parser.parse_args(argv)
-    return TrainConfig(**{k: v for k, v in vars(args).items()})
+    trainconfig.add_arguments(parser)
+    return trainconfig.from_mapping(vars(parser.parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for srun/torchrun launches (one process per rank)."""
-    summary = run(parse_args(argv))
+    """Entry point for srun/torchrun launches (one process per rank). A refused option,
+    run directory or checkpoint is one line on stderr and exit status 2."""
+    try:
+        summary = run(parse_args(argv))
+    except PyhpcError as exc:
+        print(f"pyhpc.train: {exc}", file=sys.stderr, flush=True)
+        return 2
     if summary:
         print(json.dumps(summary.row(), sort_keys=True), flush=True)
     return 0

@@ -13,21 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import container_build
+from pyhpc import container_build, paths
 
 pytestmark = pytest.mark.integration
 
-PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
-SRC = Path("/opt/pyhpc/src")
-ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = Path("/opt/pyhpc/images/pyhpc-cpu")
 TEMPLATE = "slurm/jobs/container.sbatch.j2"
 #: What `make containers` runs: this checkout's pyhpc (jobs use the deployed copy).
 MAKE_CONTAINERS = (sys.executable, "-m", "pyhpc")
 
 
+DEPLOYED_CLI = (str(paths.SHARED_VENV / "bin" / "pyhpc"),)
+
+
 def _pyhpc(cwd: Path, *args: str, timeout: int = 300,
-           cli: tuple[str, ...] = (PYHPC,)) -> subprocess.CompletedProcess[str]:
+           cli: tuple[str, ...] = DEPLOYED_CLI) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([*cli, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     print(proc.stdout, proc.stderr, sep="\n")
     assert proc.returncode == 0, f"pyhpc {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
@@ -39,9 +39,9 @@ def built() -> dict:
     """`pyhpc containers build --variant cpu` (what `make containers` runs); cached when unchanged."""
     for tool in ("podman", "runc", "mmdebstrap"):
         assert shutil.which(tool), f"{tool} is missing: the containers role installs it (make deploy)"
-    assert (SRC / TEMPLATE).read_bytes() == (ROOT / TEMPLATE).read_bytes(), \
+    assert (paths.SHARED_SRC / TEMPLATE).read_bytes() == (paths.ROOT / TEMPLATE).read_bytes(), \
         "/opt/pyhpc/src is older than this checkout; run make deploy"
-    proc = _pyhpc(ROOT, "containers", "build", "--variant", "cpu", timeout=1800, cli=MAKE_CONTAINERS)
+    proc = _pyhpc(paths.ROOT, "containers", "build", "--variant", "cpu", timeout=1800, cli=MAKE_CONTAINERS)
     assert "selftest: ok" in proc.stdout
     return json.loads((IMAGE_DIR / "image.json").read_text())
 
@@ -71,7 +71,7 @@ def test_image_labels_carry_the_spec_pins(built: dict) -> None:
 
 
 def test_second_build_is_cached_and_builds_nothing(built: dict) -> None:
-    proc = _pyhpc(ROOT, "containers", "build", "--variant", "cpu", cli=MAKE_CONTAINERS)
+    proc = _pyhpc(paths.ROOT, "containers", "build", "--variant", "cpu", cli=MAKE_CONTAINERS)
     assert "is up to date" in proc.stdout and "building" not in proc.stdout
     assert json.loads((IMAGE_DIR / "image.json").read_text())["image_id"] == built["image_id"]
 
@@ -112,7 +112,7 @@ def test_apptainer_def_builds_and_passes_its_self_test(tmp_path: Path) -> None:
         pytest.skip("apptainer is not installed: it is not in Debian, and this lab's "
                     "container_runtime is podman (install it with the containers role's "
                     "containers_deb_files to run this test)")
-    _pyhpc(ROOT, "containers", "build", "--variant", "cpu", "--context-only", cli=MAKE_CONTAINERS)
+    _pyhpc(paths.ROOT, "containers", "build", "--variant", "cpu", "--context-only", cli=MAKE_CONTAINERS)
     ctx = container_build.CACHE / "cpu"
     sif = tmp_path / "pyhpc-cpu.sif"
     subprocess.run(["apptainer", "build", str(sif), "pyhpc-cpu.def"], cwd=ctx, check=True, timeout=1800)

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import cluster
+from pyhpc import cluster, paths
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = cluster.load(ROOT / "ansible" / "inventories" / "lab" / "cluster.yml")
-DEPLOY_LOG = ROOT / ".deploy" / "deploy.log"
+LAB = cluster.load(paths.ROOT / "ansible" / "inventories" / "lab" / "cluster.yml")
+DEPLOY_LOG = paths.ROOT / ".deploy" / "deploy.log"
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -34,7 +33,7 @@ def sh(*argv: str, timeout: int = 120, check: bool = True) -> subprocess.Complet
 
 
 def make(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args],
+    return subprocess.run(["make", "--no-print-directory", "-C", str(paths.ROOT), *args],
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -200,7 +199,7 @@ def test_secrets_appear_nowhere_in_the_deploy_log(
 
 def test_invalid_cluster_file_fails_naming_the_key_and_changes_nothing(tmp_path: Path) -> None:
     bad = tmp_path / "cluster.yml"
-    text = (ROOT / "ansible" / "inventories" / "lab" / "cluster.yml").read_text()
+    text = (paths.ROOT / "ansible" / "inventories" / "lab" / "cluster.yml").read_text()
     bad.write_text(text.replace("    cpus: 2\n", "    cpus: 2\n    sockets: 1\n", 1))
     conf = Path("/etc/slurm/slurm.conf")
     before = (hashlib.sha256(conf.read_bytes()).hexdigest(), conf.stat().st_mtime_ns)
@@ -208,9 +207,9 @@ def test_invalid_cluster_file_fails_naming_the_key_and_changes_nothing(tmp_path:
     assert proc.returncode != 0
     assert "nodes[0].sockets: unknown key; allowed:" in proc.stderr + proc.stdout
     # The playbook's own first play refuses it too, before any host changes.
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible" / "ansible.cfg"))
-    play = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"),
-                           "-e", f"pyhpc_cluster_file={bad}", str(ROOT / "ansible" / "site.yml")],
+    env = dict(os.environ, ANSIBLE_CONFIG=str(paths.ROOT / "ansible" / "ansible.cfg"))
+    play = subprocess.run([str(paths.ROOT / ".venv" / "bin" / "ansible-playbook"),
+                           "-e", f"pyhpc_cluster_file={bad}", str(paths.ROOT / "ansible" / "site.yml")],
                           capture_output=True, text=True, timeout=300, env=env, check=False)
     assert play.returncode != 0
     assert "nodes[0].sockets: unknown key" in play.stdout

@@ -8,20 +8,21 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from pyhpc import paths
+
 BIN = Path(sys.executable).parent
 PLAYBOOKS = ["ansible/site.yml", "ansible/validate.yml", "ansible/undeploy.yml"]
 
 
-def _run(argv: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible" / "ansible.cfg"),
+def _run(argv: list[str], cwd: Path = paths.ROOT) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(paths.ROOT / "ansible" / "ansible.cfg"),
                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     print(proc.stdout, proc.stderr, sep="\n")
     return proc
 
 
-@pytest.mark.parametrize("inventory", ["lab", "example"])
+@pytest.mark.parametrize("inventory", ["lab", "example", "hostlab"])
 @pytest.mark.parametrize("playbook", PLAYBOOKS)
 def test_playbook_syntax_is_valid(playbook: str, inventory: str) -> None:
     proc = _run([str(BIN / "ansible-playbook"), "--syntax-check",
@@ -31,7 +32,7 @@ def test_playbook_syntax_is_valid(playbook: str, inventory: str) -> None:
 
 def test_ansible_lint_production_profile_passes() -> None:
     proc = _run([str(BIN / "ansible-lint"), "--profile", "production", "--strict"],
-                cwd=ROOT / "ansible")
+                cwd=paths.ROOT / "ansible")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

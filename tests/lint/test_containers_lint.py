@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import containers
+from pyhpc import containers, paths
 
-ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 VARIANTS = ("cpu", "cuda")
 
@@ -58,7 +57,7 @@ def test_shellcheck_passes_on_containerfile_run_steps(shellcheck: str) -> None:
 
 @pytest.mark.parametrize("runtime", ["podman", "apptainer", "enroot"])
 def test_shellcheck_passes_on_rendered_container_job(runtime: str, shellcheck: str) -> None:
-    from pyhpc import cluster, paths, render
+    from pyhpc import cluster, render
 
     text = render.render("container", {"module": "pyhpc.train", "args": "--out run",
                                        "runtime": runtime, "binds": "/srv/data"},

@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pyhpc import cluster
+from pyhpc import cluster, paths
 from pyhpc.cluster import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"
-EXAMPLE = ROOT / "ansible" / "inventories" / "example" / "cluster.yml"
+LAB = paths.LAB_CLUSTER
+EXAMPLE = paths.ROOT / "ansible" / "inventories" / "example" / "cluster.yml"
 
 
 def lab_data() -> dict[str, Any]:
@@ -63,24 +62,25 @@ BAD = [
     ("nodes.0.colour", "red", "nodes[0].colour: unknown key; allowed: count, cpus"),
     ("partitions.1.qos", "high", "partitions[1].qos: unknown key; allowed: default, max_time"),
     ("lab.ports", 1, "lab.ports: unknown key; allowed: slurmd_base_port"),
-    ("nodes.0.count", 0, "nodes[0].count: must be a positive integer, got 0"),
-    ("nodes.0.cpus", -2, "nodes[0].cpus: must be a positive integer, got -2"),
-    ("nodes.1.memory_mb", 0, "nodes[1].memory_mb: must be a positive integer, got 0"),
-    ("nodes.1.gpus", -1, "nodes[1].gpus: must be an integer >= 0, got -1"),
-    ("nodes.0.cpus", True, "nodes[0].cpus: must be a positive integer, got True"),
+    ("nodes.0.count", 0, "nodes[0].count: must be an integer from 1 to 1024, got 0"),
+    ("nodes.0.cpus", -2, "nodes[0].cpus: must be an integer from 1 to 4096, got -2"),
+    ("nodes.1.memory_mb", 0, "nodes[1].memory_mb: must be an integer from 1 to 67108864, got 0"),
+    ("nodes.1.gpus", -1, "nodes[1].gpus: must be an integer from 0 to 16, got -1"),
+    ("nodes.0.cpus", True, "nodes[0].cpus: must be an integer from 1 to 4096, got True"),
     ("nodes.1.name", "cpu", "nodes: duplicate node name 'cpu1'"),
     ("partitions.1.nodes", ["gpu1", "gpu9"], "partitions[1].nodes: unknown node 'gpu9'; known nodes: cpu1"),
     ("partitions.1.nodes", [], "partitions[1].nodes: must name at least one node"),
     ("partitions.1.name", "cpu", "partitions[1].name: duplicate partition name 'cpu'"),
     ("partitions.1.default", True, "partitions.default: only one partition may be default"),
-    ("partitions.0.max_time", "soon", "partitions[0].max_time: 'soon' is not a Slurm time limit"),
+    ("partitions.0.max_time", "soon",
+     "partitions[0].max_time: 'soon' is not a Slurm time limit; use UNLIMITED or MM"),
     ("mode", "cloud", "mode: 'cloud' is not allowed; allowed: lab, hosts"),
     ("container_runtime", "docker", "container_runtime: 'docker' is not allowed; allowed: podman"),
     ("accounting", "yes", "accounting: must be true or false, got 'yes'"),
-    ("name", "Lab Cluster", "name: 'Lab Cluster' is not a valid name"),
-    ("nodes", [], "nodes: must be a non-empty list of node groups"),
+    ("name", "Lab Cluster", "name: 'Lab Cluster' is not allowed; use lower-case letters"),
+    ("nodes", [], "nodes: must be a non-empty list of at most 4096 node groups"),
     ("nodes.1.gpu_detect", "nvml", "nodes.gpu_detect: 'nvml' needs real GPUs; mode: lab"),
-    ("accounts.0.users", "root", "accounts[0].users: must be a list of names, got 'root'"),
+    ("accounts.0.users", "root", "accounts[0].users: must be a list of at most 4096 names, got 'root'"),
 ]
 
 
@@ -120,7 +120,7 @@ def test_cli_validate_prints_one_line_error_and_exits_nonzero(tmp_path: Path) ->
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [
-        "pyhpc: error: nodes[0].cpus: must be a positive integer, got 0"]
+        "pyhpc: error: nodes[0].cpus: must be an integer from 1 to 4096, got 0"]
     assert bad.read_bytes() == before
 
 

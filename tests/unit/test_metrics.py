@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import csv
+import json
+import math
+import re
+import stat
 from pathlib import Path
 
 import pytest
 
 from pyhpc import metrics
+from pyhpc.errors import PyhpcError
+from pyhpc.files import FileError
 
 ENV = metrics.Environment(torch_version="2.13.0", backend="gloo", job_id="42",
                           nodes=["cpu1", "cpu2"], local_batch=10)
@@ -90,7 +96,8 @@ def test_a_run_alone_in_its_series_has_no_efficiency() -> None:
 
 
 def test_unknown_scaling_mode_is_named() -> None:
-    with pytest.raises(metrics.MetricsError, match="scaling: 'linear' is not allowed; allowed: weak, strong"):
+    with pytest.raises(metrics.MetricsError,
+                       match="scaling: 'linear' is not allowed; allowed: weak, strong"):
         metrics.efficiency([], "linear")
 
 
@@ -111,3 +118,98 @@ def test_step_timer_records_one_time_per_step() -> None:
     for _ in range(3):
         timer.step()
     assert len(timer.times) == 3 and all(t >= 0 for t in timer.times)
+
+
+def test_metrics_error_is_a_pyhpc_error() -> None:
+    assert issubclass(metrics.MetricsError, PyhpcError)
+
+
+def test_appending_to_a_planted_link_is_a_clean_error_and_the_victim_is_untouched(
+        tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    (tmp_path / "metrics.jsonl").symlink_to(victim)
+    s = metrics.summarize(two_ranks(), 2, ENV)
+    with pytest.raises(FileError, match=r"^out: cannot append to .*metrics\.jsonl \(.*a symlink "
+                                        r"is never followed\)$"):
+        metrics.write_jsonl(tmp_path / "metrics.jsonl", [s])
+    assert victim.read_text() == "victim\n"
+    assert (tmp_path / "metrics.jsonl").is_symlink()
+
+
+def test_csv_replaces_a_planted_link_instead_of_writing_through_it(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    monkeypatch.delenv("PYHPC_GROUP_READABLE", raising=False)
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    (tmp_path / "metrics.csv").symlink_to(victim)
+    metrics.write_csv(tmp_path / "metrics.csv", [metrics.summarize(two_ranks(), 2, ENV)])
+    assert victim.read_text() == "victim\n"
+    st = (tmp_path / "metrics.csv").lstat()
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert (tmp_path / "metrics.csv").read_text().startswith("backend,")
+
+
+def test_new_metrics_files_are_private(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("PYHPC_GROUP_READABLE", raising=False)
+    metrics.write_jsonl(tmp_path / "m.jsonl", [metrics.summarize(two_ranks(), 2, ENV)])
+    assert stat.S_IMODE((tmp_path / "m.jsonl").stat().st_mode) == 0o600
+
+
+def good_line() -> str:
+    return json.dumps(metrics.summarize(two_ranks(), 2, ENV).row(), sort_keys=True)
+
+
+def with_field(**changes: object) -> str:
+    return json.dumps({**json.loads(good_line()), **changes})
+
+
+BAD_FILES = {
+    "json": (good_line() + '\n{"workers": 1,\n', r"2: not valid JSON \(Expecting property "
+                                                 r"name enclosed in double quotes at column 15\)"),
+    "utf-8": (good_line() + "\n", None),  # bytes below
+    "a list": ("[1, 2]\n", r"1: expected a JSON object, got list"),
+    "a number": (good_line() + "\n\n42\n", r"3: expected a JSON object, got int"),
+    "shape": ('{"workers": 2}\n', r"1: not a metrics record; missing local_batch, "
+                                  r"global_batch, steps, "),
+    "type": (with_field(workers="2") + "\n", r"1: workers: must be an integer, got '2'"),
+    "bool": (with_field(steps=True) + "\n", r"1: steps: must be an integer, got True"),
+    "float": (with_field(step_time_p50="fast") + "\n",
+              r"1: step_time_p50: must be a number, got 'fast'"),
+    "null": (with_field(job_id=None) + "\n", r"1: job_id: must not be null"),
+    "zero rate": (with_field(samples_per_s=0) + "\n",
+                  r"1: samples_per_s: must be above 0, got 0"),
+    "escape": (with_field(job_id="\x1b[2J") + "\n",
+               r"1: job_id: must be printable text, got '\\x1b\[2J'"),
+    "nested": ("[" * 100_000 + "\n", r"1: not valid JSON \(nested too deeply\)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_bad_metrics_file_is_one_metrics_error_naming_file_and_line(
+        tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "metrics.jsonl"
+    text, pattern = BAD_FILES[kind]
+    if kind == "utf-8":
+        path.write_bytes(text.encode() + b"\xff\xfe{}\n")
+        pattern = r"2: not UTF-8 text"
+    else:
+        path.write_text(text)
+    with pytest.raises(metrics.MetricsError) as exc:
+        metrics.read_jsonl(path)
+    assert re.match(re.escape(str(path)) + ":" + pattern, str(exc.value)), str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_records_read_back_keep_extras_nulls_and_unknown_keys_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(with_field(efficiency=None, extra_final_loss=float("nan"), future=1) + "\n")
+    (back,) = metrics.read_jsonl(path)
+    assert back.efficiency is None and math.isnan(back.extra["final_loss"])
+
+
+def test_a_device_or_directory_is_not_read_as_metrics(tmp_path: Path) -> None:
+    with pytest.raises(metrics.MetricsError, match=r"^/dev/zero: not a regular file$"):
+        metrics.read_jsonl(Path("/dev/zero"))
+    with pytest.raises(metrics.MetricsError, match=r": cannot read \(Is a directory\)$"):
+        metrics.read_jsonl(tmp_path)

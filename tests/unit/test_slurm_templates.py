@@ -6,19 +6,17 @@ normalised cluster definition, as the slurm role renders them on a host.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import jinja2
 import pytest
 import yaml
 
-from pyhpc import cluster
+from pyhpc import cluster, paths
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = ROOT / "slurm" / "etc"
-DEFAULTS = ROOT / "ansible" / "roles" / "slurm" / "defaults" / "main.yml"
-INVENTORIES = ROOT / "ansible" / "inventories"
+TEMPLATES = paths.ROOT / "slurm" / "etc"
+DEFAULTS = paths.ROOT / "ansible" / "roles" / "slurm" / "defaults" / "main.yml"
+INVENTORIES = paths.ROOT / "ansible" / "inventories"
 FILES = ["slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf"]
 #: Host facts the role would take from the inventory, fixed here for determinism.
 HOSTS = {

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 import pyhpc
-from pyhpc import cluster, paths
+from pyhpc import SubmitError, cluster, submit_script, submit_template
 from pyhpc.jobspec import JobSpec, JobSpecError
-from pyhpc.submit import SubmitError, submit_script, submit_template
 
 FAKE = """#!/bin/bash
 echo "$(basename "$0") $*" >> "{log}"
@@ -23,7 +22,7 @@ def fake_sbatch(monkeypatch, tmp_path: Path) -> Path:
     log = tmp_path / "calls.log"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sbatch", "squeue", "sacct", "scontrol", "scancel"):
+    for tool in ("sbatch", "srun", "squeue", "sacct", "scontrol", "scancel"):
         (bin_dir / tool).write_text(FAKE.format(log=log))
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
@@ -38,7 +37,7 @@ def test_import_pyhpc_does_not_import_submitit_or_torch() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"nodes": 0}, r"^nodes: must be an integer >= 1, got 0"),
+    ({"nodes": 0}, r"^nodes: must be an integer from 1 to 4096, got 0"),
     ({"partition": "bigmem"}, r"^partition: unknown partition 'bigmem'; allowed: cpu, gpu"),
     ({"gpus_per_node": 1}, r"^gpus_per_node: partition 'cpu' has 0 GPUs"),
 ])
@@ -73,7 +72,7 @@ def test_submit_template_saves_the_script_and_returns_a_handle(fake_sbatch: Path
                                                                 lab: cluster.Cluster) -> None:
     job = submit_template("single", {"command": "true"}, lab)
     assert job.job_id == "4243" and job.script.read_text().startswith("#!/bin/bash")
-    assert fake_sbatch.read_text().split() == ["sbatch", "--parsable", str(job.script)]
+    assert fake_sbatch.read_text().split() == ["sbatch", "--parsable", "--", str(job.script)]
 
 
 def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: cluster.Cluster,
@@ -81,10 +80,11 @@ def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: clus
     with pytest.raises(SubmitError, match=r"^script: no such file 'nope.sh'"):
         submit_script("nope.sh", cluster=lab)
     (tmp_path / "ok.sh").write_text("#!/bin/bash\n")
-    with pytest.raises(JobSpecError, match=r"^nodes: must be"):
+    with pytest.raises(JobSpecError, match=r"^nodes: must be an integer from 1 to 4096"):
         submit_script("ok.sh", JobSpec(nodes=0), cluster=lab)
     assert not fake_sbatch.exists()
     job = submit_script("ok.sh", JobSpec(nodes=2), cluster=lab)
     assert fake_sbatch.read_text().split() == [
-        "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu", "ok.sh"]
+        "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu",
+        "--time=00:10:00", "--", "ok.sh"]
     assert job.job_id == "4243"

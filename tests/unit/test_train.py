@@ -9,15 +9,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pyhpc import metrics, train  # noqa: E402
+from pyhpc import metrics, train, trainconfig  # noqa: E402
+from pyhpc.trainconfig import TrainConfig, TrainError  # noqa: E402
 
 
-def _run(cfg: train.TrainConfig, queue) -> None:
+def _run(cfg: TrainConfig, queue) -> None:
     summary = train.run(cfg)
     queue.put(summary.row() if summary else None)
 
 
-def run_in_child(cfg: train.TrainConfig) -> dict | None:
+def run_in_child(cfg: TrainConfig) -> dict | None:
     """A fresh process per run, as a job would be (process group, signal handler)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -29,7 +30,7 @@ def run_in_child(cfg: train.TrainConfig) -> dict | None:
 
 
 def test_digits_loss_decreases_and_metrics_have_every_field(tmp_path: Path) -> None:
-    row = run_in_child(train.TrainConfig(out=str(tmp_path), epochs=3))
+    row = run_in_child(TrainConfig(out=str(tmp_path), epochs=3))
     history = json.loads((tmp_path / "history.json").read_text())
     assert [h["epoch"] for h in history] == [0, 1, 2]
     assert history[-1]["loss"] < history[0]["loss"]
@@ -43,36 +44,37 @@ def test_digits_loss_decreases_and_metrics_have_every_field(tmp_path: Path) -> N
 
 
 def test_a_second_attempt_resumes_after_the_last_checkpointed_epoch(tmp_path: Path) -> None:
-    run_in_child(train.TrainConfig(out=str(tmp_path), epochs=1))
-    run_in_child(train.TrainConfig(out=str(tmp_path), epochs=3))
+    run_in_child(TrainConfig(out=str(tmp_path), epochs=1))
+    run_in_child(TrainConfig(out=str(tmp_path), epochs=3))
     history = json.loads((tmp_path / "history.json").read_text())
     assert [(h["epoch"], h["attempt"]) for h in history] == [(0, 0), (1, 1), (2, 1)]
     straight = tmp_path / "straight"
-    run_in_child(train.TrainConfig(out=str(straight), epochs=3))
+    run_in_child(TrainConfig(out=str(straight), epochs=3))
     # Fixed seeds and a full checkpoint: resuming gives the same losses as not stopping.
     assert [h["loss"] for h in history] == pytest.approx(
         [h["loss"] for h in json.loads((straight / "history.json").read_text())], rel=1e-5)
 
 
 def test_synthetic_mode_uses_the_larger_model(tmp_path: Path) -> None:
-    _, _, model = train.datasets(train.TrainConfig(out=str(tmp_path), mode="synthetic",
-                                                   synthetic_samples=64))
+    _, _, model = train.datasets(TrainConfig(out=str(tmp_path), mode="synthetic",
+                                             synthetic_samples=64))
     params = sum(p.numel() for p in model.parameters())
     lenet = sum(p.numel() for p in train.LeNet().parameters())
     assert isinstance(model, train.WideCNN) and params > 10 * lenet
 
 
 def test_unknown_mode_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="mode: 'mnist' is not allowed; allowed: digits, synthetic"):
-        train.run(train.TrainConfig(out=str(tmp_path), mode="mnist"))
+    with pytest.raises(TrainError,
+                       match="mode: 'mnist' is not allowed; allowed: digits, synthetic"):
+        train.run(TrainConfig(out=str(tmp_path), mode="mnist"))
 
 
 def test_steps_per_epoch_matches_the_loader_and_short_runs_are_refused(tmp_path: Path) -> None:
-    cfg = train.TrainConfig(out=str(tmp_path), mode="synthetic", synthetic_samples=512,
-                            batch_size=64, epochs=1)
-    assert train.steps_per_epoch(cfg, 1) == 6 and train.steps_per_epoch(cfg, 2) == 3
-    digits = train.TrainConfig(out=str(tmp_path))
-    assert train.steps_per_epoch(digits, 1) == len(train.datasets(digits)[0]) // 32
-    train.check_steps(cfg, 1)
-    with pytest.raises(ValueError, match="batch_size: 64 per worker on 2 workers gives 3 steps"):
-        train.check_steps(cfg, 2)
+    cfg = TrainConfig(out=str(tmp_path), mode="synthetic", synthetic_samples=512,
+                      batch_size=64, epochs=1)
+    assert trainconfig.steps_per_epoch(cfg, 1) == 6 and trainconfig.steps_per_epoch(cfg, 2) == 3
+    digits = TrainConfig(out=str(tmp_path))
+    assert trainconfig.steps_per_epoch(digits, 1) == len(train.datasets(digits)[0]) // 32
+    trainconfig.check_steps(cfg, 1)
+    with pytest.raises(TrainError, match="batch_size: 64 per worker on 2 workers gives 3 steps"):
+        trainconfig.check_steps(cfg, 2)

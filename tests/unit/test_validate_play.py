@@ -13,20 +13,26 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from pyhpc import paths
+
 BIN = Path(sys.executable).parent
-INVENTORIES = ROOT / "ansible" / "inventories"
+INVENTORIES = paths.ROOT / "ansible" / "inventories"
 
 
 def play(inventory: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible" / "ansible.cfg"))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(paths.ROOT / "ansible" / "ansible.cfg"))
     return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *extra,
-                           str(ROOT / "ansible" / "validate.yml")],
+                           str(paths.ROOT / "ansible" / "validate.yml")],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
 def test_example_inventory_matches_its_definition() -> None:
     proc = play(INVENTORIES / "example" / "hosts.yml")
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_hostlab_inventory_matches_its_definition() -> None:
+    proc = play(INVENTORIES / "hostlab" / "hosts.yml")
     assert proc.returncode == 0, proc.stdout
 
 
@@ -47,4 +53,4 @@ def test_invalid_definition_fails_with_the_validators_message(tmp_path: Path) ->
     bad.write_text(text.replace("count: 2", "count: 0", 1))
     proc = play(INVENTORIES / "lab" / "hosts.yml", "-e", f"pyhpc_cluster_file={bad}")
     assert proc.returncode != 0
-    assert "nodes[0].count: must be a positive integer, got 0" in proc.stdout
+    assert "nodes[0].count: must be an integer from 1 to 1024, got 0" in proc.stdout

@@ -2,78 +2,135 @@
 from __future__ import annotations
 
 import io
-import subprocess
+import json
 
-from pyhpc import watch
+import pytest
 
-
-class FakeSlurm:
-    """Answers sacct like Slurm would and counts the calls."""
-
-    def __init__(self, rows: list[str]) -> None:
-        self.rows, self.calls = rows, []
-
-    def __call__(self, cmd, **kwargs) -> subprocess.CompletedProcess:
-        self.calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, "\n".join(self.rows) + "\n", "")
+from pyhpc import slurm, watch
+from pyhpc.watch import WatchError
 
 
-def test_one_query_for_a_hundred_jobs() -> None:
+class Rows:
+    """Configures the fake Slurm to answer with these ``JobID|State`` rows."""
+
+    def __init__(self, fake, rows: list[str]) -> None:
+        self.fake = fake
+        self.calls = fake.calls
+        fake.answers["sacct"] = fake.answers["squeue"] = (0, "\n".join(rows) + "\n")
+
+
+@pytest.fixture
+def FakeSlurm(fake_slurm):
+    return lambda rows: Rows(fake_slurm, rows)
+
+
+def test_one_query_for_a_hundred_jobs(FakeSlurm) -> None:
     ids = [str(i) for i in range(1000, 1100)]
     fake = FakeSlurm([f"{i}|COMPLETED" for i in ids])
-    states = watch.query(ids, runner=fake)
+    states = watch.query(ids)
     assert len(fake.calls) == 1
     assert fake.calls[0][0] == "sacct" and fake.calls[0][-1] == ",".join(ids)
     assert set(states.values()) == {"COMPLETED"} and len(states) == 100
 
 
-def test_watch_polls_once_per_interval_until_all_finish() -> None:
+def test_watch_polls_once_per_interval_until_all_finish(fake_slurm) -> None:
     ids = [str(i) for i in range(100)]
-    answers = iter([[f"{i}|PENDING" for i in ids], [f"{i}|RUNNING" for i in ids],
-                    [f"{i}|COMPLETED" for i in ids]])
-    calls = []
-
-    def runner(cmd, **kwargs):
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, "\n".join(next(answers)), "")
-
+    answers = iter([[f"{i}|PENDING|None" for i in ids], [f"{i}|RUNNING|None" for i in ids],
+                    [f"{i}|COMPLETED|None" for i in ids]])
+    fake_slurm.answers["squeue"] = lambda argv: (0, "\n".join(next(answers)))
     out = io.StringIO()
-    states = watch.watch(ids, interval_s=0, runner=runner, stream=out)
-    assert len(calls) == 3
+    states = watch.watch(ids, interval_s=0, stream=out)
+    assert len(fake_slurm.calls) == 3
     assert set(states.values()) == {"COMPLETED"}
-    assert "100/100 finished | COMPLETED 100" in out.getvalue()
+    assert "100/100 jobs finished | COMPLETED 100" in out.getvalue()
 
 
-def test_array_tasks_merge_into_their_array_job_and_unknown_ids_wait() -> None:
-    fake = FakeSlurm(["7_0|COMPLETED", "7_0.batch|COMPLETED", "7_1|RUNNING", "7_1.0|FAILED",
-                      "7_[2-3]|PENDING", "8|CANCELLED by 0"])
-    assert watch.query(["7", "8", "9"], runner=fake) == {
+def test_array_tasks_merge_into_their_array_job_and_unknown_ids_wait(FakeSlurm) -> None:
+    FakeSlurm(["7_0|COMPLETED", "7_0.batch|COMPLETED", "7_1|RUNNING", "7_1.0|FAILED",
+               "7_[2-3]|PENDING", "8|CANCELLED by 0"])
+    assert watch.query(["7", "8", "9"]) == {
         "7": "RUNNING", "8": "CANCELLED", "9": watch.UNKNOWN}
-    fake = FakeSlurm(["7_0|COMPLETED", "7_1|FAILED"])
-    assert watch.query(["7"], runner=fake) == {"7": "FAILED"}
+    FakeSlurm(["7_0|COMPLETED", "7_1|FAILED"])
+    assert watch.query(["7"]) == {"7": "FAILED"}
 
 
-def test_squeue_source_reports_jobs_that_left_the_queue_as_finished() -> None:
+def test_squeue_source_reports_jobs_that_left_the_queue_as_finished(FakeSlurm) -> None:
     fake = FakeSlurm(["5|RUNNING"])
-    assert watch.query(["5", "6"], source="squeue", runner=fake) == {"5": "RUNNING", "6": "FINISHED"}
+    assert watch.query(["5", "6"], source="squeue") == {"5": "RUNNING", "6": "FINISHED"}
     assert fake.calls[0][0] == "squeue"
 
 
 def test_progress_line_counts_states() -> None:
-    line = watch.progress_line({"1": "COMPLETED", "2": "RUNNING", "3": "RUNNING"}, 5)
-    assert line == "[   5s] 1/3 finished | COMPLETED 1 | RUNNING 2"
+    line = watch.progress_line(["COMPLETED", "RUNNING", "RUNNING"], 5, 3)
+    assert line == "[    5s] 1/3 jobs finished | COMPLETED 1 | RUNNING 2"
 
 
-def test_a_job_that_leaves_squeue_keeps_its_last_state() -> None:
+def test_a_job_that_leaves_squeue_keeps_its_last_state(fake_slurm) -> None:
     answers = iter([["1|RUNNING", "2|RUNNING"], ["1|COMPLETED", "2|FAILED"], ["2|FAILED"]])
 
-    def runner(cmd, **kwargs):
+    def squeue(cmd):
         assert cmd[:6] == ["squeue", "-h", "-r", "-t", "all", "-o"]
-        return subprocess.CompletedProcess(cmd, 0, "\n".join(next(answers)), "")
+        return 0, "\n".join(next(answers))
 
+    fake_slurm.answers["squeue"] = squeue
     # Poll 2 finishes both; had job 1 vanished first, it would keep COMPLETED.
-    assert watch.watch(["1", "2"], interval_s=0, runner=runner, quiet=True) == {
+    assert watch.watch(["1", "2"], interval_s=0, quiet=True) == {
         "1": "COMPLETED", "2": "FAILED"}
     answers = iter([["1|RUNNING", "2|RUNNING"], ["1|COMPLETED", "2|RUNNING"], ["2|COMPLETED"]])
-    assert watch.watch(["1", "2"], interval_s=0, runner=runner, quiet=True) == {
+    assert watch.watch(["1", "2"], interval_s=0, quiet=True) == {
         "1": "COMPLETED", "2": "COMPLETED"}
+
+
+def test_array_progress_counts_tasks_not_jobs(fake_slurm) -> None:
+    """Item 15: 978 of 1000 tasks done must not read as 0/1 finished."""
+    rows = ([f"9_{i}|COMPLETED|None" for i in range(978)] + ["9_978|RUNNING|None",
+            "9_979|RUNNING|None"] + [f"9_{i}|PENDING|JobArrayTaskLimit" for i in range(980, 1000)])
+    fake_slurm.answers["squeue"] = (0, "\n".join(rows))
+    out = io.StringIO()
+    assert watch.watch(["9"], interval_s=0, timeout_s=0, stream=out) == {"9": "RUNNING"}
+    assert "978/1000 tasks finished | COMPLETED 978 | PENDING 20 | RUNNING 2" in out.getvalue()
+
+
+def test_json_output_is_parsed_where_slurm_has_it(fake_slurm, monkeypatch) -> None:
+    """22.05's squeue --json (openapi v0.0.38): a pending range is one record."""
+    monkeypatch.setattr(slurm, "_json_ok", {})
+    jobs = [{"job_id": 3, "array_job_id": 1, "array_task_id": 0, "array_task_string": "",
+             "job_state": "COMPLETED", "state_reason": "None"},
+            {"job_id": 1, "array_job_id": 1, "array_task_id": None, "array_task_string": "2-5%2",
+             "job_state": "PENDING", "state_reason": "JobArrayTaskLimit"},
+            {"job_id": 2, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+             "job_state": ["RUNNING"], "state_reason": "None"}]
+    fake_slurm.answers["squeue"] = (0, json.dumps({"jobs": jobs}))
+    tracker = watch.Tracker(["1", "2"], "squeue")
+    tracker.poll()
+    assert tracker.states() == {"1": "PENDING", "2": "RUNNING"}
+    assert sorted(tracker.task_states()) == ["COMPLETED"] + ["PENDING"] * 4 + ["RUNNING"]
+    assert fake_slurm.calls == [["squeue", "-t", "all", "-j", "1,2", "--json"]]
+
+
+def test_a_job_that_can_never_start_stops_the_watch(fake_slurm) -> None:
+    """Item 13: a time limit above the partition's pends forever; --wait says why."""
+    fake_slurm.answers["squeue"] = (0, "5|PENDING|PartitionTimeLimit\n")
+    with pytest.raises(WatchError, match=r"^job: 5 can never start \(PartitionTimeLimit\)"):
+        watch.watch(["5"], interval_s=0, quiet=True)
+
+
+def test_wait_timeout_is_an_error_naming_the_jobs(fake_slurm) -> None:
+    fake_slurm.answers["squeue"] = (0, "5|RUNNING|None\n")
+    with pytest.raises(WatchError, match=r"^timeout: still not finished after 0 s: 5 RUNNING"):
+        watch.watch(["5"], interval_s=0, timeout_s=0, quiet=True, fail_on_timeout=True)
+
+
+def test_busy_controller_is_retried_then_answers(fake_slurm) -> None:
+    answers = iter([(1, "", "Socket timed out on send/recv"), (0, "5|COMPLETED|None")])
+    fake_slurm.answers["squeue"] = lambda argv: next(answers)
+    assert watch.query(["5"], source="squeue") == {"5": "COMPLETED"}
+    assert len(fake_slurm.calls) == 2
+
+
+def test_missing_slurm_command_is_one_clear_error(monkeypatch) -> None:
+    def missing(argv, stdin, timeout_s):
+        raise FileNotFoundError(argv[0])
+    monkeypatch.setattr(slurm, "RUNNER", missing)
+    with pytest.raises(slurm.SlurmError, match=r"^squeue: command not found"):
+        slurm.queue(["1"])

@@ -1,0 +1,255 @@
+"""Submit work to Slurm: a Python function through submitit, or a batch script via sbatch.
+
+Every path checks the resource request against the cluster definition first
+(:mod:`pyhpc.jobspec`), so a bad request submits nothing. ``pyhpc.submit`` is
+:func:`submit`, exported by the package from this private module.
+"""
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyhpc import dist, files, jobspec, paths, render, slurm, validate, watch
+from pyhpc.cluster import Cluster, load
+from pyhpc.errors import PyhpcError, echo
+from pyhpc.jobspec import JobSpec, check
+
+#: Where submitit keeps pickles and logs, and where rendered scripts are written.
+DEFAULT_FOLDER = Path("pyhpc-jobs")
+FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+KINDS = ("template", "script", "function")
+
+
+class SubmitError(PyhpcError):
+    """Submission refused (missing script, sbatch error); the message names the argument."""
+
+
+@dataclass(frozen=True)
+class ScriptJob:
+    """A job submitted with sbatch: its id and the script it runs."""
+
+    job_id: str
+    script: Path
+
+    def state(self) -> str:
+        return watch.query([self.job_id])[self.job_id]
+
+    def wait(self, timeout_s: float = 600.0) -> str:
+        return watch.watch([self.job_id], timeout_s=timeout_s, quiet=True)[self.job_id]
+
+    def cancel(self) -> None:
+        slurm.cancel([self.job_id])
+
+
+class Distributed:
+    """Wraps ``fn`` so every task joins torch.distributed (nccl with CUDA, else gloo).
+
+    A submitit Checkpointable: on preemption or timeout the same call is requeued;
+    ``fn`` is expected to resume from its own checkpoints (as pyhpc.train does).
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        dist.setup()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            dist.teardown()
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def cluster_or_default(cluster: Cluster | None) -> Cluster:
+    return cluster if cluster is not None else load(paths.cluster_file())
+
+
+def _refused(text: str, cluster: Cluster) -> SubmitError:
+    """sbatch's refusal as one line (a user without an association gets a plain answer)."""
+    plain = slurm.explain_submit_error(text, getpass.getuser(), cluster.name)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return SubmitError(plain or f"sbatch: {lines[-1] if lines else 'refused the job'}", "sbatch")
+
+
+def submit(fn: Callable[..., Any], *args: Any, nodes: int = 1, tasks_per_node: int | None = None,
+           gpus_per_node: int = 0, partition: str | None = None,
+           cpus_per_task: int | None = None, time: str = jobspec.DEFAULT_TIME,
+           name: str = "pyhpc", folder: str | Path = DEFAULT_FOLDER / "%j",
+           distributed: bool = True, cluster: Cluster | None = None, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` on ``nodes`` nodes; returns a submitit Job.
+
+    ``tasks_per_node`` defaults to one task per GPU (one per node without GPUs).
+    The partition defaults to the cluster's default, and GPUs are requested only
+    where the partition has them; asking for more is an error, before any sbatch.
+    """
+    import submitit
+
+    tasks = tasks_per_node if tasks_per_node is not None else max(gpus_per_node, 1)
+    the_cluster = cluster_or_default(cluster)
+    spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus_per_node,
+                         cpus_per_task=cpus_per_task, partition=partition, time=time,
+                         job_name=name), the_cluster)
+    files.make_dir(Path(folder).parent, arg="folder")
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    executor.update_parameters(**jobspec.submitit_parameters(spec),
+                               slurm_additional_parameters={"requeue": True})
+    call = Distributed(fn) if distributed else fn
+    try:
+        return executor.submit(call, *args, **kwargs)
+    except submitit.core.utils.FailedJobError as exc:
+        raise _refused(str(exc), the_cluster) from None
+
+
+def resolve_function(target: str) -> Callable[..., Any]:
+    """``module:function`` to the function object."""
+    import importlib
+
+    if not FUNCTION_RE.fullmatch(target):
+        raise SubmitError(f"target: {echo(target)} is not module:function")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SubmitError(f"target: cannot import module {module_name!r} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise SubmitError(f"target: {module_name!r} has no function {attr!r}")
+    return fn  # type: ignore[no-any-return]  # checked callable above
+
+
+def sbatch(script: str | Path, options: Sequence[str] = (), test_only: bool = False,
+           cluster: Cluster | None = None) -> str:
+    """Submit an existing script; returns the job id (or sbatch's message with test_only)."""
+    path = Path(script)
+    if not path.is_file():
+        raise SubmitError(f"script: no such file {echo(str(script))}")
+    try:
+        return slurm.sbatch(str(path), options, test_only=test_only)
+    except slurm.SlurmError as exc:
+        raise _refused(str(exc), cluster_or_default(cluster)) from None
+
+
+def submit_script(script: str | Path, spec: JobSpec | None = None,
+                  cluster: Cluster | None = None, test_only: bool = False,
+                  only: set[str] | None = None) -> ScriptJob:
+    """sbatch an existing script; a ``spec`` (checked first) overrides its #SBATCH lines
+    (all its fields, or the ``only`` ones the caller set)."""
+    the_cluster = cluster_or_default(cluster)
+    options = jobspec.sbatch_args(check(spec, the_cluster), only) if spec else []
+    return ScriptJob(sbatch(script, options, test_only, the_cluster), Path(script))
+
+
+def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster | None = None,
+                    test_only: bool = False) -> ScriptJob:
+    """Render a job template (see :mod:`pyhpc.render`), save it, and sbatch it."""
+
+    the_cluster = cluster_or_default(cluster)
+    text = render.render(template, values, the_cluster)
+    script = write_script(text, Path(template).name.split(".")[0])
+    return ScriptJob(sbatch(script, test_only=test_only, cluster=the_cluster), script)
+
+
+def write_script(text: str, name: str, folder: Path = DEFAULT_FOLDER / "scripts") -> Path:
+    """Save a rendered script under a content-addressed name, so it can be read later.
+
+    The folder is private and must be the caller's own; the file is written afresh
+    (atomically, replacing whatever was there, link or not) unless it already holds
+    exactly ``text``, so a planted file of the same name is never what gets submitted.
+    """
+    files.make_dir(folder, arg="folder")
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise SubmitError(f"folder: {folder} is writable by others; scripts are kept only "
+                          "in a folder of your own")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    safe = validate.name("template", name, "job", error=SubmitError)
+    path = folder / f"{safe}-{digest}.sbatch"
+    if not _holds(path, text):
+        files.write_text(path, text, arg="folder")
+    return path
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether ``path`` is a regular file (not a link) of ours holding exactly ``text``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        return fh.read(len(text.encode()) + 1) == text.encode()
+
+
+def target_kind(target: str) -> str:
+    """What ``pyhpc submit TARGET`` names: a template, a script file or module:function."""
+    if Path(target).is_file() and not target.endswith(".j2"):
+        return "script"
+    if target.endswith(".j2") or target in render.available():
+        return "template"
+    if FUNCTION_RE.fullmatch(target):
+        return "function"
+    return "script"
+
+
+def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str] | None = None,
+                  resources: Mapping[str, Any] | None = None, test_only: bool = False,
+                  folder: str = str(DEFAULT_FOLDER / "%j"), cluster: Cluster | None = None,
+                  ) -> dict[str, Any]:
+    """``pyhpc submit``: a template, a script or a function, with resource overrides.
+
+    ``resources`` holds only the job spec fields the user set; they are checked
+    before anything else. Returns what was submitted (kind, target, job_id or
+    test_only, script).
+    """
+
+    given = {k: jobspec.check_value(k, v) for k, v in (resources or {}).items()}
+    kind = target_kind(target)
+    result: dict[str, Any] = {"kind": kind, "target": target}
+    the_cluster = cluster_or_default(cluster)
+    if kind != "template" and sets:
+        raise SubmitError(f"--set: only templates take variables; {echo(target)} is a {kind}")
+    if kind != "function" and args:
+        raise SubmitError(f"args: only module:function takes arguments; {echo(target)} "
+                          f"is a {kind}")
+    if kind == "function":
+        if test_only:
+            raise SubmitError("--test-only: not for module:function (submitit submits at once)")
+        fn = resolve_function(target)
+        job = submit(fn, *args, **{k: v for k, v in given.items() if k != "job_name"},
+                     name=given.get("job_name") or target.split(":")[1],
+                     folder=folder, cluster=the_cluster)
+        return {**result, "job_id": str(job.job_id), "folder": str(Path(folder).parent)}
+    if kind == "template":
+        handle = submit_template(target, {**(sets or {}), **given}, the_cluster, test_only)
+    else:
+        if not Path(target).is_file():
+            raise SubmitError(f"script: no such file {echo(target)} (and no template of that "
+                              f"name; templates: {', '.join(render.available())})")
+        spec = JobSpec(**given)
+        handle = submit_script(target, spec, the_cluster, test_only, only=set(given))
+    key = "test_only" if test_only else "job_id"
+    return {**result, "script": str(handle.script), key: handle.job_id}
+
+
+def job_logs(job_id: str) -> list[Path]:
+    """A job's output files: what Slurm says (StdOut, StdErr), then submitit's logs."""
+    fields = slurm.show_job(job_id)
+    found = [Path(fields[k]) for k in ("StdOut", "StdErr") if fields.get(k)]
+    found += sorted(DEFAULT_FOLDER.glob(f"{job_id}/*_log.*"))
+    logs = [p for p in dict.fromkeys(found) if p.is_file()]
+    if not logs:
+        raise SubmitError(f"job_id: no log files found for job {job_id!r}")
+    return logs

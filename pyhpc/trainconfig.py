@@ -1,0 +1,206 @@
+"""The options of one training run: one source for their defaults, bounds, help and choices.
+
+Each field of :class:`TrainConfig` declares its help text and its bounds (``min``/``max``,
+or ``above`` for an exclusive lower bound) or ``choices`` in its dataclass metadata.
+:func:`add_arguments` builds command-line options from them, and every ``TrainConfig``
+checks its fields with :mod:`pyhpc.validate` when it is made, so a config that exists is
+a valid one. This module imports neither torch nor submitit: the CLI checks a run here
+before anything is submitted or started.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from pyhpc import validate
+from pyhpc.device import DEVICES, PRECISIONS
+from pyhpc.errors import PyhpcError, echo
+from pyhpc.files import FileError
+
+MODES = ("digits", "synthetic")
+DIGITS_SAMPLES = 1797  # sklearn.datasets.load_digits()
+#: Longest run directory path taken (PATH_MAX on Linux).
+MAX_OUT_LEN = 4096
+
+
+class TrainError(PyhpcError):
+    """A training option or run that cannot be used; the message starts with its name."""
+
+
+def _option(default: object, help: str, **rules: object) -> Any:
+    """A field with its default, help text and rules (min, max, above, choices)."""
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. ``batch_size`` is per worker (weak scaling)."""
+
+    out: str = field(metadata={"help": "directory for checkpoint and metrics"})
+    mode: str = _option("digits", "workload: digits (LeNet on 8x8 digits) or synthetic "
+                        "(a wider CNN on generated 32x32 images)", choices=MODES)
+    epochs: int = _option(3, "passes over the training data", min=1, max=10_000)
+    batch_size: int = _option(32, "samples per step per worker", min=1, max=65_536)
+    lr: float = _option(0.05, "learning rate (SGD, momentum 0.9)", above=0.0, max=100.0)
+    seed: int = _option(0, "seed of the data split, the model and the sampler",
+                        min=0, max=2**32 - 1)
+    warmup_steps: int = _option(3, "first steps left out of the throughput figures",
+                                min=0, max=100_000)
+    synthetic_samples: int = _option(512, "generated images in synthetic mode",
+                                     min=16, max=100_000)
+    threads: int = _option(1, "torch threads per task", min=1, max=256)
+    device: str = _option("auto", "where each task computes: auto (the task's GPU when Slurm "
+                          "gave it one, else the CPU), cpu, or cuda (a GPU, or an error)",
+                          choices=DEVICES)
+    precision: str = _option("fp32", "arithmetic: fp32, or bf16 (bfloat16 autocast; GPUs of "
+                             "compute capability 8.0+, or the CPU, emulated where it lacks "
+                             "bf16 instructions)", choices=PRECISIONS)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _check_field(f.name, getattr(self, f.name)))
+
+
+#: Each field's type (the annotations are strings here) and its rules.
+_TYPES: dict[str, Any] = get_type_hints(TrainConfig)
+_RULES: dict[str, Mapping[str, Any]] = {f.name: f.metadata for f in fields(TrainConfig)}
+
+
+def _check_field(name: str, value: object) -> object:
+    """``value`` as the field's type if it keeps the field's rules, else :class:`TrainError`."""
+    rules, kind = _RULES[name], _TYPES[name]
+    if name == "out":
+        return _check_out_text(value)
+    if "choices" in rules:
+        if value not in rules["choices"]:
+            raise TrainError(f"{name}: {echo(value)} is not allowed; "
+                             f"allowed: {', '.join(rules['choices'])}", name)
+        return value
+    if kind is int:
+        return validate.integer(name, value, rules["min"], rules["max"], error=TrainError)
+    above = rules.get("above")
+    if above is None:
+        return validate.number(name, value, rules["min"], rules["max"], error=TrainError)
+    try:
+        number: float | None = validate.number(name, value, above, rules["max"],
+                                               error=TrainError)
+    except TrainError:
+        number = None
+    if number is None or number <= above:
+        raise TrainError(f"{name}: must be a number above {above:g} and at most "
+                         f"{rules['max']:g}, got {echo(value)}", name)
+    return number
+
+
+def _check_out_text(value: object) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if (not isinstance(value, str) or not value or "\0" in value
+            or len(value) > MAX_OUT_LEN):
+        raise TrainError(f"out: must be a directory path (at most {MAX_OUT_LEN} characters), "
+                         f"got {echo(value)}", "out")
+    return value
+
+
+def check_out(path: str | os.PathLike[str], arg: str = "out") -> Path:
+    """``path`` if it is a run directory pyhpc can create or write in; creates nothing.
+
+    Refused with a one-line :class:`~pyhpc.files.FileError`: a file (or a symbolic link)
+    where the directory belongs, a path under a file, a directory this user cannot write in.
+    """
+    path = Path(path)
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:
+        raise FileError(f"{arg}: {path} is under a file, not a directory", arg) from None
+    except OSError as exc:
+        raise FileError(f"{arg}: cannot use {path} ({exc.strerror})", arg) from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise FileError(f"{arg}: {path} is a symbolic link; name the directory itself", arg)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise FileError(f"{arg}: {path} exists and is not a directory", arg)
+    # The directory, or the nearest one that exists and would hold it.
+    where = path if st is not None else next(
+        (p for p in path.absolute().parents if p.exists()), Path("/"))
+    if not os.access(where, os.W_OK | os.X_OK):
+        what = "write in" if where == path else "create directory"
+        raise FileError(f"{arg}: cannot {what} {path} (permission denied in {where})", arg)
+    return path
+
+
+def names() -> tuple[str, ...]:
+    """The field names, in order."""
+    return tuple(f.name for f in fields(TrainConfig))
+
+
+def from_mapping(values: Mapping[str, object], ignore_unknown: bool = False) -> TrainConfig:
+    """A checked config from option values (``vars(args)``, parsed YAML...).
+
+    Values may be typed or their decimal strings; a missing or ``None`` value takes the
+    field's default (``out`` has none). Every field is checked (:class:`TrainError` naming
+    it), then ``out`` with :func:`check_out` (:class:`~pyhpc.files.FileError`). A key that
+    is no field is refused unless ``ignore_unknown`` (an argparse namespace with other
+    commands' options).
+    """
+    known = names()
+    unknown = sorted(k for k in values if k not in known)
+    if unknown and not ignore_unknown:
+        raise TrainError(f"{unknown[0]}: not a training option; known: {', '.join(known)}",
+                         str(unknown[0]))
+    given = {k: v for k, v in values.items() if k in known and v is not None}
+    if "out" not in given:
+        raise TrainError("out: required (the run directory)", "out")
+    cfg = TrainConfig(**given)  # type: ignore[arg-type]  # checked and converted in __post_init__
+    check_out(cfg.out)
+    return cfg
+
+
+def add_arguments(parser: argparse.ArgumentParser, skip: Collection[str] = ()) -> None:
+    """Add ``--batch-size`` etc. for every field not in ``skip`` (field names, underscored).
+
+    Defaults come from :class:`TrainConfig`, ``choices`` are its constants; bounds are in
+    the help and checked by :func:`from_mapping` (or ``TrainConfig`` itself).
+    """
+    for f in fields(TrainConfig):
+        if f.name in skip:
+            continue
+        rules, flag = f.metadata, "--" + f.name.replace("_", "-")
+        if f.name == "out":
+            parser.add_argument(flag, required=True, help=rules["help"])
+            continue
+        if "choices" in rules:
+            parser.add_argument(flag, choices=rules["choices"], default=f.default,
+                                help=f"{rules['help']} (default: %(default)s)")
+            continue
+        if "above" in rules:
+            bounds = f"above {rules['above']:g}, at most {rules['max']:g}"
+        else:
+            bounds = f"{rules['min']} to {rules['max']}"
+        parser.add_argument(flag, type=_TYPES[f.name], default=f.default,
+                            metavar=f.name.upper(),
+                            help=f"{rules['help']}; {bounds} (default: %(default)s)")
+
+
+def steps_per_epoch(cfg: TrainConfig, workers: int) -> int:
+    """Optimizer steps per epoch on each worker (80% train split, partial batches dropped)."""
+    samples = DIGITS_SAMPLES if cfg.mode == "digits" else cfg.synthetic_samples
+    return (int(0.8 * samples) // workers) // cfg.batch_size
+
+
+def check_steps(cfg: TrainConfig, workers: int) -> None:
+    """Refuse a run too short to measure: every step would be a warm-up step."""
+    workers = validate.integer("workers", workers, 1, 1_000_000, error=TrainError, text=False)
+    steps = steps_per_epoch(cfg, workers)
+    if steps * cfg.epochs <= cfg.warmup_steps:
+        raise TrainError(
+            f"batch_size: {cfg.batch_size} per worker on {workers} workers gives {steps} steps "
+            f"per epoch, {steps * cfg.epochs} in all, not more than the {cfg.warmup_steps} "
+            "warm-up steps; use a smaller batch size, more epochs or more synthetic samples",
+            "batch_size")

@@ -1,0 +1,134 @@
+"""The one validator for names, numbers and time limits that reach a config or a command line.
+
+Names are matched whole (``fullmatch``) against an explicit character set with a length
+limit, so ``"cpu\\n"`` or ``"--uid=0"`` never passes; numbers have bounds; the messages
+name the key and what is allowed, and never repeat more than a short piece of the value.
+The cluster definition, the job spec, the templates' variables and the container spec
+all check their values here.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from pyhpc.errors import PyhpcError, echo
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of name: its characters, its length limit, and the rule in words."""
+
+    pattern: re.Pattern[str]
+    max_len: int
+    rule: str
+
+
+KINDS: dict[str, Kind] = {
+    # Cluster, node, partition, account, GRES type: Slurm config and host names.
+    "slurm": Kind(re.compile(r"[a-z][a-z0-9_-]*"), 31,
+                  "lower-case letters, digits, '-' and '_', starting with a letter"),
+    "user": Kind(re.compile(r"[a-z_][a-z0-9_-]*"), 32,
+                 "lower-case letters, digits, '-' and '_', starting with a letter or '_'"),
+    "job": Kind(re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*"), 64,
+                "letters, digits, '.', '_', '+' and '-', starting with a letter or digit"),
+    "job_id": Kind(re.compile(r"[0-9]+(_[0-9]+)?"), 24,
+                   "a Slurm job id: digits, or ARRAYID_TASK (e.g. 4242 or 4242_7)"),
+    "image": Kind(re.compile(r"[a-z0-9][a-z0-9._-]*"), 64,
+                  "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"),
+    "env": Kind(re.compile(r"[A-Za-z_][A-Za-z0-9_]*"), 64,
+                "letters, digits and '_', not starting with a digit"),
+    "module": Kind(re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"), 200,
+                   "a dotted Python module name"),
+    "path": Kind(re.compile(r"[A-Za-z0-9._+@/%][A-Za-z0-9._+@/%=,-]*"), 1024,
+                 "letters, digits and '._+@/%=,-', not starting with '-'"),
+    "abspath": Kind(re.compile(r"/[A-Za-z0-9._+@/%=,-]*"), 1024,
+                    "an absolute path of letters, digits and '._+@/%=,-'"),
+    "host": Kind(re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"), 253,
+                 "a host name: letters, digits, '.' and '-'"),
+    # Container image reference: [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST].
+    "imageref": Kind(re.compile(r"[a-z0-9][a-z0-9._-]*(?::[0-9]{1,5})?(?:/[a-z0-9][a-z0-9._-]*)*"
+                                r"(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(?:@sha256:[0-9a-f]{64})?"),
+                     255, "an image reference [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST] "
+                          "of lower-case names"),
+    # http(s) URL with a host, or a file:/// URL; no credentials, query or fragment.
+    "url": Kind(re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/+:@=,-]*)?"
+                           r"|file:///[A-Za-z0-9._~%/+:@=,-]*"), 1024,
+                "an http://, https:// or file:/// URL of letters, digits and '._~%/+:@=,-'"),
+}
+
+
+def name(where: str, value: object, kind: str = "slurm",
+         error: type[PyhpcError] = PyhpcError) -> str:
+    """``value`` if it is a valid name of ``kind``, else ``error`` naming ``where``."""
+    spec = KINDS[kind]
+    if (not isinstance(value, str) or len(value) > spec.max_len
+            or not spec.pattern.fullmatch(value)):
+        raise error(f"{where}: {echo(value)} is not allowed; use {spec.rule}, "
+                    f"at most {spec.max_len} characters", where)
+    return value
+
+
+INT_RE = re.compile(r"-?[0-9]{1,19}")
+
+
+def integer(where: str, value: object, low: int, high: int,
+            error: type[PyhpcError] = PyhpcError, text: bool = True) -> int:
+    """An integer in ``[low, high]``. ``text=True`` also takes its decimal string
+    (command-line and ``--set`` values); YAML values must already be integers."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif text and isinstance(value, str) and INT_RE.fullmatch(value.strip()):
+        number = int(value.strip())
+    if number is None or not low <= number <= high:
+        raise error(f"{where}: must be an integer from {low} to {high}, got {echo(value)}", where)
+    return number
+
+
+def number(where: str, value: object, low: float, high: float,
+           error: type[PyhpcError] = PyhpcError) -> float:
+    """A finite number in ``[low, high]`` (from a number or its decimal string)."""
+    result: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    elif isinstance(value, str) and len(value) <= 40:
+        try:
+            result = float(value)
+        except ValueError:
+            result = None
+    if result is None or not math.isfinite(result) or not low <= result <= high:
+        raise error(f"{where}: must be a number from {low:g} to {high:g}, got {echo(value)}",
+                    where)
+    return result
+
+
+TIME_RE = re.compile(r"(?:(?P<d>[0-9]{1,4})-(?P<dh>[0-9]{1,2})(?::(?P<dm>[0-9]{2}))?"
+                     r"(?::(?P<ds>[0-9]{2}))?|(?P<a>[0-9]{1,7})(?::(?P<b>[0-9]{2}))?"
+                     r"(?::(?P<c>[0-9]{2}))?)")
+#: A time limit longer than this is a typo (Slurm itself takes far more).
+MAX_TIME_S = 366 * 86400
+
+
+def time_limit(where: str, value: object, error: type[PyhpcError] = PyhpcError,
+               unlimited: bool = False) -> int | None:
+    """Seconds of a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``);
+    ``None`` for ``UNLIMITED`` where ``unlimited`` allows it."""
+    text = value if isinstance(value, str) else None
+    if unlimited and text == "UNLIMITED":
+        return None
+    match = TIME_RE.fullmatch(text) if text is not None else None
+    seconds = -1
+    if match:
+        g = {k: int(v) if v else 0 for k, v in match.groupdict().items()}
+        if match.group("d") is not None:
+            seconds = g["d"] * 86400 + g["dh"] * 3600 + g["dm"] * 60 + g["ds"]
+        elif match.group("c") is not None:  # HH:MM:SS
+            seconds = g["a"] * 3600 + g["b"] * 60 + g["c"]
+        else:  # MM or MM:SS
+            seconds = g["a"] * 60 + g["b"]
+    if not 0 < seconds <= MAX_TIME_S:
+        allowed = "UNLIMITED or " if unlimited else ""
+        raise error(f"{where}: {echo(value)} is not a Slurm time limit; use {allowed}MM, "
+                    "HH:MM:SS or D-HH:MM:SS, up to 366 days", where)
+    return seconds
