@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""hostlab: an emulated multi-host cluster on one machine, for testing the deploy.
+
+One rootful podman container per host of ansible/inventories/hostlab/hosts.yml,
+systemd as PID 1, own hostname, on a private bridge network whose DNS
+(aardvark-dns) resolves every host by name. Ansible reaches the hosts through the
+containers.podman.podman connection.
+
+Recipe (measured on a Debian 12 VM: no systemd on the host, cgroup v1):
+  * image: Debian from Debian's packages with mmdebstrap (systemd, python3, sudo,
+    ...; no Slurm), plus hostlab/image/ (a localhost-only /etc/hosts and the
+    pyhpc-cgroup-rw unit); built once per recipe, the recipe's hash is a label;
+  * own podman storage (overlay) and network config, apart from the store the
+    containers role builds images in: the global flags in hosts.yml
+    (ansible_podman_extra_args), the rest in hostlab/containers.conf;
+  * `--systemd always`, CAP_SYS_ADMIN (for the cgroup remount; not --privileged),
+    the host's cgroup namespace (with --cgroupns=private systemd stalls in
+    "starting"), `--no-hosts` (the machine's /etc/hosts must not leak in);
+  * one volume per host for /var/log, kept across down/up (removed by --purge).
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DESCRIPTION = "an emulated multi-host cluster: one podman container per host, systemd as PID 1"
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+INVENTORY = ROOT / "ansible" / "inventories" / "hostlab" / "hosts.yml"
+CONTAINERS_CONF = HERE / "containers.conf"
+IMAGE_FILES = HERE / "image"
+NETWORK = "pyhpc-hostlab"
+IMAGE = "localhost/pyhpc-hostlab"
+LABEL = "org.pyhpc.hostlab"
+RECIPE_LABEL = f"{LABEL}.recipe"
+STATE_DIR = Path("/var/lib/pyhpc/hostlab")
+CACHE = Path("/var/cache/pyhpc/hostlab")
+#: Per-host volumes (name suffix -> path in the host): what survives `down`.
+VOLUMES = {"log": "/var/log"}
+RELEASES = ("trixie", "bookworm")
+DEFAULT_RELEASE = "trixie"
+MIRROR = "http://deb.debian.org/debian"
+SECURITY = "http://deb.debian.org/debian-security"
+#: What Ansible and the roles need on a bare host (rsync: ansible.posix.synchronize);
+#: no Slurm, the deploy installs it.
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo", "iproute2",
+            "iputils-ping", "procps", "ca-certificates", "less", "rsync")
+RUN_FLAGS = ("--systemd", "always", "--cap-add", "SYS_ADMIN", "--no-hosts")
+#: Systemd states after boot: done (booted) and still booting.
+BOOTED = ("running", "degraded")
+BOOTING = ("initializing", "starting", "offline", "unknown", "")
+HOST_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+EXEC_TIMEOUT_S = 30
+
+
+class HostlabError(Exception):
+    """A one-line message for the user."""
+
+
+def log(message: str) -> None:
+    print(f"hostlab: {message}", flush=True)
+
+
+# --- inventory ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Inventory:
+    hosts: tuple[str, ...]
+    podman_args: tuple[str, ...]
+
+
+def _group_hosts(group: dict[str, Any], where: str) -> Iterator[str]:
+    for name in (group.get("hosts") or {}):
+        if not isinstance(name, str) or not HOST_NAME.match(name):
+            raise HostlabError(f"{where}.hosts: {name!r} is not a hostlab host name "
+                               "(lower-case letters, digits and '-', no ranges)")
+        yield name
+    for child, sub in (group.get("children") or {}).items():
+        yield from _group_hosts(sub or {}, f"{where}.children.{child}")
+
+
+def load_inventory(path: Path = INVENTORY) -> Inventory:
+    """The hosts (in file order, each once) and podman's global flags from hosts.yml."""
+    data = yaml.safe_load(path.read_text()) or {}
+    top = data.get("all") or {}
+    hosts = tuple(dict.fromkeys(_group_hosts(top, "all")))
+    if not hosts:
+        raise HostlabError(f"{path}: no hosts")
+    args = (top.get("vars") or {}).get("ansible_podman_extra_args")
+    if not isinstance(args, str) or "--root" not in args:
+        raise HostlabError(f"{path}: all.vars.ansible_podman_extra_args must give hostlab's "
+                           "podman --root (and --runroot)")
+    return Inventory(hosts, tuple(shlex.split(args)))
+
+
+# --- podman -------------------------------------------------------------------
+
+class Podman:
+    """podman with hostlab's storage, network config and containers.conf."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.argv = ["podman", *inventory.podman_args]
+        self.env = dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF))
+
+    def run(self, *args: str, check: bool = True, capture: bool = True,
+            timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([*self.argv, *args], env=self.env, text=True, timeout=timeout,
+                              stdout=subprocess.PIPE if capture else None,
+                              stderr=subprocess.PIPE if capture else None)
+        if check and proc.returncode != 0:
+            detail = (proc.stderr or "").strip().splitlines()[-1:] if capture else []
+            raise HostlabError(f"podman {' '.join(args[:3])} ... failed with exit status "
+                               f"{proc.returncode}{': ' + detail[0] if detail else ''}")
+        return proc
+
+    def out(self, *args: str) -> str:
+        return self.run(*args).stdout.strip()
+
+    def exists(self, kind: str, name: str) -> bool:
+        return self.run(kind, "exists", name, check=False).returncode == 0
+
+    def containers(self) -> dict[str, dict[str, Any]]:
+        """hostlab's containers by name (podman ps fields: State, ImageID, Id, StartedAt...)."""
+        rows = json.loads(self.out("ps", "-a", "--filter", f"label={LABEL}", "--format", "json")
+                          or "[]")
+        return {row["Names"][0]: row for row in rows}
+
+    def exec(self, host: str, *cmd: str, timeout: float = EXEC_TIMEOUT_S
+             ) -> subprocess.CompletedProcess[str]:
+        """``cmd`` on a host; one that hangs past ``timeout`` counts as exit status 124."""
+        try:
+            return self.run("exec", host, *cmd, check=False, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout} s")
+
+
+def preflight() -> None:
+    if shutil.which("podman") is None:
+        raise HostlabError("podman is missing: apt-get install -y podman netavark aardvark-dns")
+    if os.geteuid() != 0:
+        raise HostlabError("hostlab runs rootful podman: run it as root")
+
+
+@contextmanager
+def locked() -> Iterator[None]:
+    """One hostlab command at a time changes the hosts, network or image."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+# --- image --------------------------------------------------------------------
+
+def image_ref(release: str) -> str:
+    return f"{IMAGE}:{release}"
+
+
+def sources(release: str) -> list[str]:
+    return [f"deb {MIRROR} {release} main", f"deb {MIRROR} {release}-updates main",
+            f"deb {SECURITY} {release}-security main"]
+
+
+def image_files() -> dict[str, str]:
+    """hostlab/image/ as {path: sha256 of content and mode}: part of the recipe."""
+    files = {}
+    for path in sorted(p for p in IMAGE_FILES.rglob("*") if p.is_file()):
+        digest = hashlib.sha256(path.read_bytes() + oct(path.stat().st_mode & 0o111).encode())
+        files[str(path.relative_to(IMAGE_FILES))] = digest.hexdigest()
+    return files
+
+
+def recipe(release: str) -> str:
+    """Hash of everything the image is built from: same hash, same image."""
+    text = json.dumps({"release": release, "packages": PACKAGES, "sources": sources(release),
+                       "files": image_files(), "hooks": hooks(), "version": 1}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def hooks() -> list[str]:
+    return [f"sync-in {IMAGE_FILES} /",
+            'chroot "$1" systemctl enable pyhpc-cgroup-rw.service']
+
+
+def image_recipe(podman: Podman, release: str) -> str | None:
+    """The recipe label of the built image, None when there is none."""
+    if not podman.exists("image", image_ref(release)):
+        return None
+    return podman.out("image", "inspect", "--format",
+                      f'{{{{ index .Labels "{RECIPE_LABEL}" }}}}', image_ref(release))
+
+
+def build_image(podman: Podman, release: str) -> bool:
+    """Build and import the image unless one from the same recipe exists; True if built."""
+    want = recipe(release)
+    if image_recipe(podman, release) == want:
+        log(f"image {image_ref(release)} is up to date (recipe {want[:12]})")
+        return False
+    if shutil.which("mmdebstrap") is None:
+        raise HostlabError("mmdebstrap is missing: apt-get install -y mmdebstrap")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tarball = CACHE / f"{release}.tar"
+    log(f"building {image_ref(release)} with mmdebstrap ({release}: {', '.join(PACKAGES)})")
+    argv = ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+            "--aptopt=Acquire::Retries=3", *(f"--customize-hook={h}" for h in hooks()),
+            release, str(tarball), *sources(release)]
+    if subprocess.run(argv).returncode != 0:
+        raise HostlabError(f"mmdebstrap {release} failed (is {MIRROR} reachable?)")
+    old = podman.out("image", "inspect", "--format", "{{.Id}}", image_ref(release)) \
+        if podman.exists("image", image_ref(release)) else None
+    try:
+        podman.out("import", "--change", f"LABEL {RECIPE_LABEL}={want}",
+                   "--change", f"LABEL {LABEL}=1", "--change", 'CMD ["/sbin/init"]',
+                   str(tarball), image_ref(release))
+    finally:
+        tarball.unlink(missing_ok=True)
+    if old:  # now untagged; kept while a host still runs it
+        podman.run("rmi", old, check=False)
+    return True
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    podman = Podman(load_inventory())
+    start = time.monotonic()
+    with locked():
+        built = build_image(podman, args.release)
+    log(f"image {'built' if built else 'cached'} in {time.monotonic() - start:.1f} s")
+    return 0
+
+
+# --- hosts --------------------------------------------------------------------
+
+def ensure_network(podman: Podman) -> None:
+    if not podman.exists("network", NETWORK):
+        podman.out("network", "create", "--label", f"{LABEL}=1", NETWORK)
+        log(f"network {NETWORK} created")
+
+
+def create_host(podman: Podman, host: str, image: str) -> None:
+    volumes: list[str] = []
+    for suffix, path in VOLUMES.items():
+        volume = f"{NETWORK}-{host}-{suffix}"
+        if not podman.exists("volume", volume):
+            podman.out("volume", "create", "--label", f"{LABEL}=1", volume)
+        volumes += ["--volume", f"{volume}:{path}"]
+    podman.out("run", "--detach", "--name", host, "--hostname", host, "--network", NETWORK,
+               "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image, "/sbin/init")
+
+
+def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
+    """Create or start every host that is not running; return those it started."""
+    current = podman.containers()
+    image_id = podman.out("image", "inspect", "--format", "{{.Id}}", image)
+    for host in hosts:
+        row = current.get(host)
+        if row and row["State"] == "running" and row["ImageID"] != image_id:
+            log(f"{host} runs an older image than {image}; "
+                "`make hostlab-down` and up again to recreate it")
+    started = [h for h in hosts if h not in current or current[h]["State"] != "running"]
+
+    def start(host: str) -> None:
+        if host in current:
+            podman.out("start", host)
+        else:
+            create_host(podman, host, image)
+
+    with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
+        list(pool.map(start, started))
+    return started
+
+
+def system_state(podman: Podman, host: str) -> str:
+    proc = podman.exec(host, "systemctl", "is-system-running")
+    return proc.stdout.strip() if proc.stdout.strip() else "unknown"
+
+
+def failed_units(podman: Podman, host: str) -> list[str]:
+    proc = podman.exec(host, "systemctl", "--failed", "--plain", "--no-legend", "--no-pager")
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def wait_booted(podman: Podman, hosts: Sequence[str], timeout_s: float) -> dict[str, str]:
+    """Poll `systemctl is-system-running` until every host is booted; bounded."""
+    deadline = time.monotonic() + timeout_s
+    states: dict[str, str] = {}
+    pending = list(hosts)
+    while pending:
+        with ThreadPoolExecutor(max_workers=len(pending)) as pool:
+            states.update(zip(pending, pool.map(lambda h: system_state(podman, h), pending), strict=True))
+        pending = [h for h in pending if states[h] in BOOTING]
+        if pending and time.monotonic() > deadline:
+            detail = ", ".join(f"{h}: {states[h]}" for h in pending)
+            raise HostlabError(f"not booted after {timeout_s:.0f} s ({detail}); look with "
+                               "`make hostlab-run HOST=<host> CMD='systemctl list-jobs'`")
+        if pending:
+            time.sleep(0.25)
+    return states
+
+
+def report_states(podman: Podman, states: dict[str, str]) -> None:
+    bad = []
+    for host, state in states.items():
+        if state == "degraded":
+            log(f"{host}: degraded, failed units: {', '.join(failed_units(podman, host)) or '?'}")
+        elif state not in BOOTED:
+            bad.append(f"{host}: {state}")
+    if bad:
+        raise HostlabError(f"hosts did not boot: {', '.join(bad)}")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    inventory = load_inventory()
+    podman = Podman(inventory)
+    image = image_ref(args.release)
+    start = time.monotonic()
+    with locked():
+        have = image_recipe(podman, args.release)
+        if have is None:
+            raise HostlabError(f"image {image} is missing: run `make hostlab-image` first")
+        if have != recipe(args.release):
+            log(f"image {image} is older than its recipe: `make hostlab-image` rebuilds it")
+        ensure_network(podman)
+        started = start_hosts(podman, inventory.hosts, image)
+        created = time.monotonic() - start
+        states = wait_booted(podman, inventory.hosts, args.timeout)
+    report_states(podman, states)
+    took = time.monotonic() - start
+    if started:
+        log(f"started {', '.join(started)}; {len(inventory.hosts)} hosts up in {took:.1f} s "
+            f"(containers {created:.1f} s, then systemd {took - created:.1f} s)")
+    else:
+        log(f"all {len(inventory.hosts)} hosts were already running ({took:.1f} s)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    inventory = load_inventory()
+    if args.host not in inventory.hosts:
+        raise HostlabError(f"host: unknown host {args.host!r}; hosts: {', '.join(inventory.hosts)}")
+    command = args.command or ["bash", "-l"]
+    tty = ["--tty"] if sys.stdin.isatty() and sys.stdout.isatty() else []
+    proc = Podman(inventory).run("exec", "--interactive", *tty, args.host, *command,
+                                 check=False, capture=False)
+    return proc.returncode
+
+
+def cmd_podman(args: argparse.Namespace) -> int:
+    """Any podman command on hostlab's storage and network (a bare `podman` would miss them)."""
+    return Podman(load_inventory()).run(*args.args, check=False, capture=False).returncode
+
+
+def memory(row: dict[str, Any]) -> dict[str, int]:
+    """Memory of a running host's cgroup (v1): usage (with page cache) and rss, in bytes."""
+    group = Path("/sys/fs/cgroup/memory/libpod_parent") / f"libpod-{row['Id']}"
+    stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    return {"usage_bytes": int((group / "memory.usage_in_bytes").read_text()),
+            "rss_bytes": int(stat["total_rss"])}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    inventory = load_inventory()
+    current = Podman(inventory).containers()
+    rows = []
+    for host in inventory.hosts:
+        row = current.get(host)
+        entry: dict[str, Any] = {"host": host, "state": row["State"] if row else "absent"}
+        if row:
+            entry.update(id=row["Id"], started_at=row["StartedAt"], image_id=row["ImageID"])
+        if row and row["State"] == "running":
+            try:
+                entry.update(memory(row))
+            except OSError:
+                pass
+        rows.append(entry)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for entry in rows:
+        mib = f"{entry['usage_bytes'] / 2**20:.0f} MiB" if "usage_bytes" in entry else "-"
+        print(f"{entry['host']:<12} {entry['state']:<10} {mib}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    podman = Podman(load_inventory())
+    with locked():
+        names = sorted(podman.containers())
+        if names:
+            podman.out("rm", "--force", "--time", "10", *names)
+            log(f"removed {', '.join(names)}")
+        if podman.exists("network", NETWORK):
+            podman.out("network", "rm", NETWORK)
+            log(f"network {NETWORK} removed")
+        if args.purge:
+            purge(podman)
+    return 0
+
+
+def purge(podman: Podman) -> None:
+    volumes = podman.out("volume", "ls", "--quiet", "--filter", f"label={LABEL}").split()
+    if volumes:
+        podman.out("volume", "rm", *volumes)
+        log(f"removed volumes {', '.join(volumes)}")
+    images = podman.out("images", "--all", "--quiet", "--filter", f"label={LABEL}").split()
+    if images:
+        podman.out("rmi", "--force", *sorted(set(images)))
+        log(f"removed {len(set(images))} image(s) ({IMAGE}:*)")
+    shutil.rmtree(CACHE, ignore_errors=True)
+
+
+# --- command line ---------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="hostlab", description=DESCRIPTION)
+    sub = top.add_subparsers(dest="cmd", required=True)
+    release = os.environ.get("HOSTLAB_RELEASE") or DEFAULT_RELEASE
+
+    def add(name: str, func: Any, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        p.set_defaults(func=func)
+        return p
+
+    for name, func, text in (("image", cmd_image, "build the host image (cached by recipe)"),
+                             ("up", cmd_up, "start every host and wait until booted")):
+        p = add(name, func, text)
+        p.add_argument("--release", choices=RELEASES, default=release,
+                       help=f"Debian release of the hosts (default {release}; $HOSTLAB_RELEASE)")
+        if name == "up":
+            p.add_argument("--timeout", type=float, default=120.0,
+                           help="seconds to wait for systemd on every host (default 120)")
+    p = add("run", cmd_run, "run a command on a host (podman exec); no command: a shell")
+    p.add_argument("host")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p = add("podman", cmd_podman, "run podman with hostlab's storage and network flags")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p = add("status", cmd_status, "state and memory of every host")
+    p.add_argument("--json", action="store_true")
+    p = add("down", cmd_down, "remove the hosts and the network")
+    p.add_argument("--purge", action="store_true",
+                   help="also remove the hosts' volumes and the image")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.cmd == "run" and args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if args.cmd == "podman" and args.args[:1] == ["--"]:
+        args.args = args.args[1:]
+    try:
+        preflight()
+        return int(args.func(args))
+    except HostlabError as err:
+        print(f"hostlab: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
