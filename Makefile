@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy containers \
+.PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy containers clean \
 	hostlab hostlab-image hostlab-up hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -78,6 +78,10 @@ bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<
 
 containers: venv ## Build the CPU framework image offline (podman) into /opt/pyhpc/images; a no-op when the spec is unchanged.
 	$(PY) -m pyhpc containers build --variant cpu
+
+clean: ## Remove caches and build outputs in this checkout (not the venv, the lab or images).
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build containers/build bench/work *.egg-info
+	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +
 
 purge: ## Same as `make undeploy PURGE=1`: stop daemons, purge packages, state, database and keys.
 	$(MAKE) --no-print-directory undeploy PURGE=1

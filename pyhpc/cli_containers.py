@@ -26,6 +26,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+# argparse does not export the subparsers type; its parameter is the parser class.
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``containers render`` and ``containers build`` under ``sub``."""
     cont = sub.add_parser("containers",
@@ -37,7 +38,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         parser.add_argument("--variant", required=True,
                             help="variant in containers/spec.yml (cpu, cuda)")
         parser.add_argument("--torch", help="torch version; must be the one in the spec")
-    ren.add_argument("--format", choices=("oci", "apptainer"), default="oci", help="output format")
+    ren.add_argument("--format", choices=tuple(containers.FORMATS), default="oci", help="output format")
     ren.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     ren.set_defaults(func=cmd_render)
     bld.add_argument("--images-dir", default="/opt/pyhpc/images", help="shared images directory")

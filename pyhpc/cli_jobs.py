@@ -51,6 +51,14 @@ def _int_list(name: str, text: str) -> list[int]:
     return [validate.integer(name, v, 1, 65536, error=JobSpecError) for v in items]
 
 
+def _timeout(text: str) -> float:
+    """--timeout, checked while parsing: a bad value stops the command before it submits."""
+    try:
+        return watch.timeout(text)
+    except watch.WatchError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
 def _wait(job_id: str, args: argparse.Namespace) -> str:
     return watch.watch([job_id], interval_s=1.0, timeout_s=args.timeout,
                        fail_on_timeout=True)[job_id]
@@ -188,7 +196,7 @@ def _resource_options(p: argparse.ArgumentParser, defaults: bool, sweep: bool = 
 
 def _wait_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true", help="wait for the job to finish")
-    p.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
+    p.add_argument("--timeout", type=_timeout, help="with --wait: give up after SECONDS")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

@@ -49,6 +49,7 @@ def log(message: str) -> None:
 
 def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run ``cmd``; a failure is a ContainerError naming the command."""
+    # kwargs are run()'s own (stdout=..., cwd=...), which the overloads cannot see through.
     proc: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
         cmd, text=True, **kwargs)
     if proc.returncode != 0:
@@ -147,7 +148,7 @@ def export(var: Variant, ref: str, dest: Path) -> Path:
     new = dest / "rootfs.new"
     shutil.rmtree(new, ignore_errors=True)
     new.mkdir()
-    cid = podman("create", ref, "true", capture=True)
+    cid = podman("create", "--network", "none", ref, "true", capture=True)
     try:
         with subprocess.Popen([*PODMAN, "export", cid], stdout=subprocess.PIPE) as exp:
             run(["tar", "-x", "--numeric-owner", "-C", str(new)], stdin=exp.stdout)

@@ -29,6 +29,8 @@ UNKNOWN = "UNKNOWN"
 SOURCES = ("sacct", "squeue")
 #: Seconds between polls: bounds for --interval.
 INTERVAL_BOUNDS = (0.1, 3600.0)
+#: --timeout of a wait, in seconds: 0 (one look) to 30 days.
+TIMEOUT_BOUNDS = (0.0, 30 * 86400.0)
 
 
 class WatchError(PyhpcError):
@@ -42,6 +44,10 @@ def job_ids(values: Sequence[str], arg: str = "job_ids") -> list[str]:
 
 def interval(value: float, arg: str = "interval") -> float:
     return validate.number(arg, value, *INTERVAL_BOUNDS, error=WatchError)
+
+
+def timeout(value: object, arg: str = "timeout") -> float:
+    return validate.number(arg, value, *TIMEOUT_BOUNDS, error=WatchError)
 
 
 def _merge(states: Sequence[str]) -> str:
@@ -131,6 +137,8 @@ def watch(ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None =
     ``timeout_s`` the watch returns the states so far, or raises with
     ``fail_on_timeout``.
     """
+    if timeout_s is not None:
+        timeout_s = timeout(timeout_s)
     tracker = Tracker(ids, source)
     stream = stream or sys.stderr
     tty = stream.isatty()

@@ -24,14 +24,14 @@ class Golden:
             path.write_text(actual)
             return
         if not path.exists():
-            pytest.fail(f"golden file {path} is missing; create it with UPDATE_GOLDEN=1 make test")
+            pytest.fail(f"golden file {path} is missing; create it with UPDATE_GOLDEN=1 make unit")
         expected = path.read_text()
         if actual != expected:
             diff = "".join(difflib.unified_diff(
                 expected.splitlines(keepends=True), actual.splitlines(keepends=True),
                 fromfile=f"golden/{name}", tofile="rendered"))
             pytest.fail(f"{name} differs from its golden file:\n{diff}\n"
-                        "If the change is intended, accept it with: UPDATE_GOLDEN=1 make test")
+                        "If the change is intended, accept it with: UPDATE_GOLDEN=1 make unit")
 
 
 @pytest.fixture

@@ -118,3 +118,30 @@ def test_apptainer_def_builds_and_passes_its_self_test(tmp_path: Path) -> None:
     subprocess.run(["apptainer", "build", str(sif), "pyhpc-cpu.def"], cwd=ctx, check=True, timeout=1800)
     proc = subprocess.run(["apptainer", "test", str(sif)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "selftest: ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+CUDA_BASE = "docker.io/nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04"
+
+
+def test_cuda_variant_without_its_base_is_refused_in_one_line(tmp_path: Path) -> None:
+    """No registry here: the CUDA build must stop before any work and say what to supply."""
+    if container_build.image_exists(CUDA_BASE):
+        pytest.skip(f"{CUDA_BASE} is loaded here; test_cuda_variant_builds covers the build")
+    proc = subprocess.run([*MAKE_CONTAINERS, "containers", "build", "--variant", "cuda",
+                           "--images-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=paths.ROOT)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"base: image '{CUDA_BASE}' of variant 'cuda' is missing from local storage" in proc.stderr
+    assert "podman load -i FILE" in proc.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_cuda_variant_builds_where_its_base_is_supplied(tmp_path: Path) -> None:
+    if not container_build.image_exists(CUDA_BASE):
+        pytest.skip(f"the CUDA variant's base {CUDA_BASE} is not in podman's storage: no registry "
+                    "is reachable from this machine; an admin supplies it (`podman load -i FILE`)")
+    proc = _pyhpc(paths.ROOT, "containers", "build", "--variant", "cuda", "--images-dir",
+                  str(tmp_path), timeout=3600, cli=MAKE_CONTAINERS)
+    record = json.loads((tmp_path / "pyhpc-cuda" / "image.json").read_text())
+    assert "cuda: 12.8" in record["selftest"] and any(
+        line.startswith("nccl: ") and line != "nccl: none" for line in record["selftest"])
+    assert proc.stdout.count("selftest: ok") >= 1

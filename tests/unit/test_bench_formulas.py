@@ -166,7 +166,7 @@ def test_command_text_is_none_when_the_command_is_missing_or_fails() -> None:
 def test_bench_config_refuses_bad_options(tmp_path: Path, field: str, value: object,
                                           message: str) -> None:
     with pytest.raises(BenchError) as exc:
-        BenchConfig(out=str(tmp_path), **{field: value})  # type: ignore[arg-type]
+        BenchConfig(out=str(tmp_path), **{field: value})  # type: ignore[arg-type]  # deliberately wrong types
     assert str(exc.value).startswith(message) and exc.value.arg == field
 
 

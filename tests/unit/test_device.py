@@ -5,15 +5,14 @@ import itertools
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from pyhpc import device
 from pyhpc.device import Choice, DeviceError, Placement, choose
 from pyhpc.errors import PyhpcError
+from pyhpc.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NO_GPU = "cuda requested, but no GPU is visible to this task"
 
 

@@ -5,9 +5,9 @@ import ast
 import io
 import re
 import tokenize
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from pyhpc.paths import ROOT
+
 MARK = "# GPU-only:"
 ROW = re.compile(r"^\| `(pyhpc/[\w/]+\.py)` \| `([\w.]+)` \|")
 

@@ -24,7 +24,10 @@ def lab_data() -> dict[str, Any]:
 
 
 def one_line_error(capsys, argv: list[str]) -> str:
-    code = cli.main(argv)
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # a usage error, refused while parsing
+        code = exc.code
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith("pyhpc: error: ") and err.count("\n") == 1, err
@@ -261,6 +264,10 @@ CLI_ERRORS = [
     (["logs", ""], "job_id: '' is not allowed"),
     (["status", "1", "--watch", "--interval", "-1"], "interval: must be a number from 0.1"),
     (["scale", "--out", "s", "--interval", "-1"], "interval: must be a number from 0.1"),
+    (["submit", "single", "--set", "command=true", "--wait", "--timeout", "nan"],
+     "argument --timeout: must be a number from 0 to 2.592e+06, got 'nan'"),
+    (["train", "--wait", "--timeout", "-1"], "argument --timeout: must be a number from 0"),
+    (["bench", "--wait", "--timeout", "inf"], "argument --timeout: must be a number from 0"),
     (["report", "nope"], "dirs: no metrics.jsonl under nope"),
     (["report", "runs", "--png", "plot.svg"], "png: must end in .png, got 'plot.svg'"),
     (["report", "runs", "--png", "afile/x.png"], "png: afile exists and is not a directory"),
@@ -320,6 +327,16 @@ def test_25_an_empty_cluster_file_is_named(tmp_path: Path, slurm, monkeypatch, c
     monkeypatch.setenv("PYHPC_CLUSTER", str(empty))
     err = one_line_error(capsys, ["submit", "single", "--set", "command=true"])
     assert f"{empty}: cluster definition is empty" in err
+
+
+def test_18_a_binary_cluster_file_in_the_environment_is_one_line(tmp_path: Path, slurm,
+                                                                 monkeypatch, capsys) -> None:
+    binary = tmp_path / "binary.yml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    monkeypatch.setenv("PYHPC_CLUSTER", str(binary))
+    err = one_line_error(capsys, ["submit", "single", "--set", "command=true"])
+    assert f"{binary}: cluster definition is not UTF-8 text" in err
+    assert slurm.calls == [] and slurm.tool_calls == []
 
 
 def test_report_into_a_directory_prints_the_file_it_wrote(workdir: Path, capsys) -> None:

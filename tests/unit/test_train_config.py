@@ -13,9 +13,8 @@ import pytest
 from pyhpc import trainconfig
 from pyhpc.errors import PyhpcError
 from pyhpc.files import FileError
+from pyhpc.paths import ROOT
 from pyhpc.trainconfig import MODES, TrainConfig, TrainError
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_trainconfig_imports_neither_torch_nor_submitit_nor_numpy() -> None:
