@@ -28,9 +28,13 @@ TRANSIENT = ("Socket timed out", "Resource temporarily unavailable",
              "Unable to contact slurm controller")
 RETRIES = 3
 BACKOFF_S = 0.5
-#: Pending reasons after which a job can never start without a change by someone.
-NEVER_STARTS = ("PartitionTimeLimit", "PartitionNodeLimit", "ReqNodeNotAvail",
-                "AssocMaxJobsLimit", "InvalidAccount", "InvalidQOS")
+#: Pending reasons after which a job can never start without a change by someone: the
+#: request itself exceeds a limit. Reasons that clear by themselves are not here:
+#: ReqNodeNotAvail (a node down or restarting comes back) and AssocMaxJobsLimit (other
+#: jobs of the association finish); a wait shows them and goes on until --timeout.
+NEVER_STARTS = ("PartitionTimeLimit", "PartitionNodeLimit", "InvalidAccount", "InvalidQOS",
+                "AssocMaxNodesPerJobLimit", "AssocMaxWallDurationPerJobLimit",
+                "QOSMaxNodePerJobLimit", "QOSMaxWallDurationPerJobLimit")
 
 
 class SlurmError(PyhpcError):

@@ -115,6 +115,15 @@ def test_a_job_that_can_never_start_stops_the_watch(fake_slurm) -> None:
         watch.watch(["5"], interval_s=0, quiet=True)
 
 
+def test_a_job_waiting_for_a_node_to_return_is_still_watched(fake_slurm) -> None:
+    """ReqNodeNotAvail clears when the node is back (e.g. after a slurmd restart)."""
+    answers = iter(["5|PENDING|ReqNodeNotAvail, UnavailableNodes:cpu1\n",
+                    "5|PENDING|AssocMaxJobsLimit\n", "5|RUNNING|None\n", "5|COMPLETED|None\n"])
+    fake_slurm.answers["squeue"] = lambda argv: (0, next(answers))
+    assert watch.watch(["5"], interval_s=0, quiet=True) == {"5": "COMPLETED"}
+    assert len(fake_slurm.calls) == 4
+
+
 def test_wait_timeout_is_an_error_naming_the_jobs(fake_slurm) -> None:
     fake_slurm.answers["squeue"] = (0, "5|RUNNING|None\n")
     with pytest.raises(WatchError, match=r"^timeout: still not finished after 0 s: 5 RUNNING"):
