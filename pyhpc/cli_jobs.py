@@ -140,7 +140,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = {"job_id": str(job.job_id), "out": str(out)}
         if args.wait:
             result["state"] = _wait(result["job_id"], args)
-    _emit(result, args.json, json.dumps(result))
+            result["summary"] = report.run_summary(out)
+    text = (f"job {result['job_id']} {result['state']}: {out}\n"
+            f"{report.summary_text(result['summary'])}" if "state" in result else json.dumps(result))
+    _emit(result, args.json, text)
     return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
 
 
@@ -157,15 +160,20 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(dirs: list[Path], scaling: str, png: Path | None, as_json: bool) -> None:
-    runs, written = report.write_report(dirs, scaling, png)
-    data = {"png": str(written), "runs": [r.row() for r in runs]}
-    _emit(data, as_json, report.table(runs) + f"\nplot: {written}")
+def _report(dirs: list[Path], scaling: str, png: Path | None, as_json: bool,
+            epochs_to_train: int | None = None) -> None:
+    runs, written = report.write_report(dirs, scaling, png, epochs_to_train)
+    data = {"png": str(written[0]), "runs": [r.row() for r in runs]}
+    if epochs_to_train is not None:
+        data["time_to_train_png"] = str(written[1])
+    _emit(data, as_json, report.table(runs) + "".join(f"\nplot: {p}" for p in written))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    epochs = (None if args.time_to_train is None else
+              validate.integer("time_to_train", args.time_to_train, 1, 100000, error=PyhpcError))
     _report([Path(d) for d in args.dirs], args.scaling, Path(args.png) if args.png else None,
-            args.json)
+            args.json, epochs)
     return 0
 
 
@@ -282,5 +290,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("dirs", nargs="+", help="run or sweep directories (metrics.jsonl inside)")
     p.add_argument("--scaling", choices=metrics.SCALING, default="weak")
     p.add_argument("--png", help="plot path (default: scaling.png beside the runs)")
+    p.add_argument("--time-to-train", metavar="EPOCHS",
+                   help="also plot the time to train EPOCHS epochs against workers, one line "
+                        "per batch size (time-to-train.png beside the scaling plot)")
     p.add_argument("--json", action="store_true", help="print the runs as JSON")
     p.set_defaults(func=cmd_report)

@@ -5,15 +5,21 @@ plot them and say where the plot went.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pyhpc import files, metrics
 from pyhpc.errors import echo
 
 #: The plot's name when only a directory is given (or nothing).
 PNG_NAME = "scaling.png"
+#: The time-to-train plot, written beside the scaling plot.
+TIME_TO_TRAIN_PNG = "time-to-train.png"
+#: Largest history.json read back for a summary (it holds one small record per epoch).
+HISTORY_LIMIT = 4 * 2**20
 
 COLUMNS = (("mode", "mode", "{}"), ("workers", "workers", "{}"),
            ("local_batch", "batch/worker", "{}"), ("global_batch", "global batch", "{}"),
@@ -58,35 +64,34 @@ def table(summaries: Sequence[metrics.Summary]) -> str:
     return "\n".join(lines)
 
 
-def plot(summaries: Sequence[metrics.Summary], path: Path) -> Path:
-    """Two panels: samples/s and scaling efficiency against workers, a line per series.
+def _series(summaries: Sequence[metrics.Summary], weak: bool) -> dict[str, list[metrics.Summary]]:
+    """Runs by series (mode and batch: per worker for weak scaling, global for strong),
+    each sorted by workers."""
+    series: dict[str, list[metrics.Summary]] = {}
+    for s in summaries:
+        batch = s.local_batch if weak else s.global_batch
+        label = f"{s.mode}, {'batch/worker' if weak else 'global batch'} {batch}"
+        series.setdefault(label, []).append(s)
+    return {k: sorted(v, key=lambda r: r.workers) for k, v in sorted(series.items())}
 
-    Written to a temp file renamed over ``path`` (never through a link); a missing parent
-    directory is created, one that cannot be is a one-line :class:`~pyhpc.files.FileError`.
-    """
+
+def _figure(panels: int) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
+    return fig, axes[0]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Write through a temp file renamed over ``path`` (never through a link); a missing
+    parent directory is created, one that cannot be is a one-line FileError."""
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
-    scaling = summaries[0].scaling or "weak"
-    series: dict[str, list[metrics.Summary]] = {}
-    for s in summaries:
-        batch = s.local_batch if scaling == "weak" else s.global_batch
-        label = f"{s.mode}, {'batch/worker' if scaling == 'weak' else 'global batch'} {batch}"
-        series.setdefault(label, []).append(s)
-    for label, runs in sorted(series.items()):
-        runs = sorted(runs, key=lambda r: r.workers)
-        workers = [r.workers for r in runs]
-        ax_rate.plot(workers, [r.samples_per_s for r in runs], marker="o", label=label)
-        ax_eff.plot(workers, [r.efficiency or 0 for r in runs], marker="o", label=label)
-    ax_rate.set(xlabel="workers", ylabel="samples/s", title="Throughput")
-    ax_eff.set(xlabel="workers", ylabel="efficiency", title=f"{scaling.capitalize()} scaling "
-               "efficiency", ylim=(0, 1.2))
-    ax_eff.axhline(1.0, color="grey", linestyle=":")
-    for ax in (ax_rate, ax_eff):
+    for ax in fig.axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
@@ -99,6 +104,49 @@ def plot(summaries: Sequence[metrics.Summary], path: Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def plot(summaries: Sequence[metrics.Summary], path: Path) -> Path:
+    """Two panels: samples/s (from 0, with each series' ideal scaling: its smallest run's
+    rate per worker times the workers) and scaling efficiency against workers."""
+    fig, (ax_rate, ax_eff) = _figure(2)
+    scaling = summaries[0].scaling or "weak"
+    for label, runs in _series(summaries, scaling == "weak").items():
+        workers = [r.workers for r in runs]
+        (line,) = ax_rate.plot(workers, [r.samples_per_s for r in runs], marker="o", label=label)
+        if len(runs) > 1:
+            per_worker = runs[0].samples_per_s / runs[0].workers
+            ax_rate.plot(workers, [per_worker * w for w in workers], linestyle="--",
+                         color=line.get_color(), alpha=0.6, label=f"{label}: ideal")
+        ax_eff.plot(workers, [r.efficiency or 0 for r in runs], marker="o", label=label)
+    ax_rate.set(xlabel="workers", ylabel="samples/s", title="Throughput")
+    ax_rate.set_ylim(bottom=0)
+    ax_eff.set(xlabel="workers", ylabel="efficiency", title=f"{scaling.capitalize()} scaling "
+               "efficiency", ylim=(0, 1.2))
+    ax_eff.axhline(1.0, color="grey", linestyle=":")
+    return _save(fig, path)
+
+
+def time_to_train(run: metrics.Summary, epochs: int) -> float:
+    """Seconds to train ``epochs`` epochs at the run's measured throughput."""
+    per_epoch = run.extra.get("samples_per_epoch")
+    if not isinstance(per_epoch, int) or per_epoch <= 0:
+        raise metrics.MetricsError(f"time_to_train: run {run.job_id} has no samples_per_epoch "
+                                   "(runs record it since pyhpc 0.1.0); train it again",
+                                   "time_to_train")
+    return epochs * per_epoch / run.samples_per_s
+
+
+def plot_time_to_train(summaries: Sequence[metrics.Summary], epochs: int, path: Path) -> Path:
+    """The university cluster study's graph: time to train ``epochs`` epochs against
+    workers (GPUs), one line per batch size per worker."""
+    fig, (ax,) = _figure(1)
+    for label, runs in _series(summaries, weak=True).items():
+        ax.plot([r.workers for r in runs], [time_to_train(r, epochs) / 60 for r in runs],
+                marker="o", label=label)
+    ax.set(xlabel="workers (GPUs)", ylabel="minutes", title=f"Time to train {epochs} epochs")
+    ax.set_ylim(bottom=0)
+    return _save(fig, path)
 
 
 def png_path(dirs: Sequence[Path], png: Path | None) -> Path:
@@ -121,11 +169,12 @@ def png_path(dirs: Sequence[Path], png: Path | None) -> Path:
 
 
 def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
-                 ) -> tuple[list[metrics.Summary], Path]:
+                 epochs_to_train: int | None = None) -> tuple[list[metrics.Summary], list[Path]]:
     """Collect the runs under ``dirs``, compute their ``scaling`` efficiency, plot them.
 
-    Returns the runs (sorted as :func:`metrics.efficiency` sorts them) and the PNG path
-    actually written (see :func:`png_path`), through a temp file and ``os.replace``.
+    Returns the runs (sorted as :func:`metrics.efficiency` sorts them) and the PNG paths
+    actually written (see :func:`png_path`), through a temp file and ``os.replace``; with
+    ``epochs_to_train`` also ``time-to-train.png`` beside the scaling plot.
     Everything is read and checked before anything is written: a bad ``scaling``, a bad
     metrics file (:class:`~pyhpc.metrics.MetricsError` naming file:line) or a bad ``png``
     (:class:`~pyhpc.files.FileError`) leaves no file and no directory behind.
@@ -135,4 +184,53 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
                                    f"{', '.join(metrics.SCALING)}", "scaling")
     target = png_path(dirs, png)
     runs = metrics.efficiency(collect(dirs), scaling)
-    return runs, plot(runs, target)
+    if epochs_to_train is not None:
+        for run in runs:  # every run must have what the plot needs, before any is written
+            time_to_train(run, epochs_to_train)
+    written = [plot(runs, target)]
+    if epochs_to_train is not None:
+        written.append(plot_time_to_train(runs, epochs_to_train, target.parent / TIME_TO_TRAIN_PNG))
+    return runs, written
+
+
+def _history(out: Path) -> list[dict[str, Any]]:
+    """history.json of a run (one record per epoch); [] when it is missing or unreadable."""
+    try:
+        with (out / "history.json").open("rb") as fh:
+            data = json.loads(fh.read(HISTORY_LIMIT + 1)[:HISTORY_LIMIT])
+    except (OSError, ValueError):
+        return []
+    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+
+
+def run_summary(out: Path) -> dict[str, Any]:
+    """What a researcher wants after a training run, from its directory: final accuracy
+    and loss, throughput, step times, and where the files are."""
+    runs = metrics.read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    history = _history(out)
+    last = history[-1] if history else {}
+    summary: dict[str, Any] = {
+        "epochs": len(history), "test_accuracy": last.get("test_accuracy"), "loss": last.get("loss"),
+        "metrics": str(out / "metrics.jsonl"), "checkpoint": str(out / "checkpoint.pt")}
+    if runs:
+        run = runs[-1]
+        summary.update(workers=run.workers, nodes=run.nodes, samples_per_s=run.samples_per_s,
+                       step_time_p50_ms=run.step_time_p50 * 1000,
+                       step_time_p90_ms=run.step_time_p90 * 1000)
+    return summary
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """:func:`run_summary` as a few aligned lines."""
+    def num(key: str, fmt: str) -> str:
+        value = summary.get(key)
+        return "-" if value is None else fmt.format(value)
+
+    rows = [("test accuracy", f"{num('test_accuracy', '{:.3f}')} after {summary['epochs']} epochs"),
+            ("loss", num("loss", "{:.4f}")),
+            ("throughput", f"{num('samples_per_s', '{:.1f}')} samples/s on "
+                           f"{summary.get('workers', '-')} workers ({summary.get('nodes', '-')})"),
+            ("step time", f"p50 {num('step_time_p50_ms', '{:.2f}')} ms, "
+                          f"p90 {num('step_time_p90_ms', '{:.2f}')} ms"),
+            ("metrics", summary["metrics"]), ("checkpoint", summary["checkpoint"])]
+    return "\n".join(f"  {name:<14} {value}" for name, value in rows)

@@ -336,7 +336,7 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
             print(f"pyhpc.train: epoch {epoch} loss {record['loss']:.4f} "
                   f"test accuracy {record['test_accuracy']:.3f}", flush=True)
         td.barrier()
-    summary = _report(cfg, info, timer, history, out)
+    summary = _report(cfg, info, timer, history, out, len(train_set))
     # Drop DDP's reference to the process group before tearing it down, so the gloo
     # group is freed now rather than at interpreter exit (where it can abort).
     del ddp, loader
@@ -346,7 +346,8 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
 
 
 def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
-            history: list[dict[str, Any]], out: Path) -> metrics.Summary | None:
+            history: list[dict[str, Any]], out: Path, samples_per_epoch: int,
+            ) -> metrics.Summary | None:
     """Gather every rank's timings; rank 0 writes ranks.jsonl, metrics.jsonl and .csv."""
     mine = {"rank": info.rank, "host": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
             "step_times": timer.times, "pid": os.getpid(), "device": info.place.name,
@@ -368,7 +369,9 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
             try:
                 summary = metrics.summarize(ranks, cfg.warmup_steps, env, extra={
                     "epochs": cfg.epochs, "final_loss": history[-1]["loss"] if history else None,
-                    "first_loss": history[0]["loss"] if history else None})
+                    "first_loss": history[0]["loss"] if history else None,
+                    "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
+                    "samples_per_epoch": samples_per_epoch})
             except metrics.MetricsError as exc:  # e.g. a resumed run with too few steps left
                 print(f"pyhpc.train: no throughput summary: {exc}", file=sys.stderr, flush=True)
             else:

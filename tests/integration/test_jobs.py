@@ -6,6 +6,7 @@ GPUs are emulated). Every job is tiny: the machine has two cores.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -141,6 +142,19 @@ def test_array_job_completes_all_tasks(work: Path) -> None:
     assert sacct_settles(job, expected, "JobID,State") == expected
     outputs = {i: (work / f"array-{job}_{i}.out").read_text() for i in range(3)}
     assert "value a\n" in outputs[0] and "value b c\n" in outputs[1] and "value d\n" in outputs[2]
+
+
+def test_train_wait_ends_with_a_readable_summary(work: Path) -> None:
+    run = work / "summary"
+    proc = pyhpc(work, "train", "--nodes", "1", "--epochs", "2", "--out", str(run), "--wait")
+    first, *rest = proc.stdout.splitlines()
+    assert re.fullmatch(rf"job \d+ COMPLETED: {run}", first), proc.stdout
+    text = "\n".join(rest)
+    accuracy = re.search(r"test accuracy\s+([\d.]+) after 2 epochs", text)
+    assert accuracy and 0.0 < float(accuracy.group(1)) <= 1.0, text
+    assert re.search(r"throughput\s+[\d.]+ samples/s on 1 workers \(cpu\d\)", text), text
+    assert re.search(r"step time\s+p50 [\d.]+ ms, p90 [\d.]+ ms", text), text
+    assert f"checkpoint     {run / 'checkpoint.pt'}" in text and (run / "checkpoint.pt").is_file()
 
 
 def test_requeued_job_resumes_from_its_checkpoint_with_the_exact_epoch_count(work: Path) -> None:
