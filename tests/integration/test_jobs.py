@@ -9,6 +9,8 @@ import json
 import re
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -131,6 +133,40 @@ def test_jupyter_template_prints_the_ssh_tunnel(work: Path) -> None:
     assert len(token) == 48 and token not in log
     assert (state / f"{job}.token").stat().st_mode & 0o777 == 0o600
     assert (state / f"{job}.log").read_text() == "started --no-browser --ip=127.0.0.1 --port=8899\n"
+
+
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_jupyterlab_answers_with_its_token_and_refuses_without(work: Path) -> None:
+    port = 20000 + uuid.uuid4().int % 20000
+    proc = pyhpc(work, "submit", "jupyter", "--set", f"port={port}", "--json")
+    job = json.loads(proc.stdout)["job_id"]
+    token_file = Path.home() / ".pyhpc" / "jupyter" / f"{job}.token"
+    base = f"http://127.0.0.1:{port}/api/status"
+    try:
+        deadline, status = time.monotonic() + 180, 0
+        while status != 200:
+            assert time.monotonic() < deadline, f"JupyterLab of job {job} never answered"
+            time.sleep(1)
+            if token_file.exists():
+                token = token_file.read_text().strip()
+                try:
+                    status = _http_status(f"{base}?token={token}")
+                except OSError:  # not listening yet
+                    status = 0
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        assert _http_status(base) == 403
+        assert _http_status(f"{base}?token={'0' * len(token)}") == 403
+        log = pyhpc(work, "logs", job).stdout
+        assert f"ssh -N -L {port}:127.0.0.1:{port}" in log and token not in log
+    finally:
+        subprocess.run(["scancel", job], check=False)
 
 
 def test_array_job_completes_all_tasks(work: Path) -> None:
