@@ -5,14 +5,23 @@ Munge round-trip, slurmctld and slurmdbd answer, every node idle, a 2-node
 real command (run through :mod:`pyhpc.slurm`); a check that needs a failed one is
 skipped and names what it waits for. Jobs run without slurmdbd, so the 2-node job
 needs only the controller and the nodes; only the accounting check needs slurmdbd.
+
+``pyhpc doctor --gpus`` is the GPU acceptance: per GPU node, one step holding all its GPUs
+runs :mod:`pyhpc.gpucheck`; the GPUs the node sees must be the GPUs Slurm has as GRES, and
+the matmul and DCGM must pass. ``--drain`` drains a node only for a fault the node itself
+reported (a check that could not run drains nothing).
 """
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from pyhpc import slurm
+from pyhpc import gpucheck, paths, slurm
+from pyhpc.errors import PyhpcError
 
 #: How long sacct gets to record the doctor's job (accounting is asynchronous).
 SACCT_WAIT = 30.0
@@ -119,3 +128,115 @@ def table(checks: Sequence[Check]) -> str:
     lines = [f"{'CHECK'.ljust(width)}  RESULT  DETAIL"]
     lines += [f"{c.name.ljust(width)}  {'ok' if c.ok else 'FAIL':<6}  {c.detail}" for c in checks]
     return "\n".join(lines)
+
+
+# -- GPU acceptance (pyhpc doctor --gpus) ---------------------------------------------
+
+#: The shared environment's interpreter on every node, as the job templates use it.
+PYTHON = paths.SHARED_VENV / "bin" / "python"
+#: The check step's time limit (minutes) and how long it may wait for the node's GPUs (s).
+GPU_JOB_MINUTES = 5
+GPU_WAIT_S = 60
+#: State words of a node that runs no new job: it is reported, not checked.
+UNAVAILABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "FUTURE", "POWER",
+               "REBOOT", "INVAL", "UNKNOWN")
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One GPU node's verdict. ``fault``: the node itself reported it (what --drain acts on)."""
+
+    node: str
+    state: str
+    gres: int
+    seen: int | None
+    matmul: str
+    dcgm: str
+    ok: bool
+    why: str
+    fault: bool = False
+    drained: bool = False
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a node's ``Gres=`` (``gpu:h100:4(S:0-1)``, ``gpu:2,gpu:a100:1``, ``(null)``)."""
+    return sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres))
+
+
+def gpu_step(node: str, gpus: int, partition: str) -> list[str]:
+    """srun's arguments for the check step: this node, all its GPUs, one task."""
+    return [f"--nodelist={node}", "--nodes=1", "--ntasks=1", f"--gres=gpu:{gpus}",
+            *([f"--partition={partition}"] if partition else []), f"--time={GPU_JOB_MINUTES}",
+            f"--immediate={GPU_WAIT_S}", "--job-name=pyhpc-doctor-gpus", "--chdir=/tmp",
+            str(PYTHON), "-m", "pyhpc.gpucheck"]
+
+
+def gpu_verdict(node: str, state: str, gres: int, data: dict[str, Any]) -> GpuRow:
+    """Compare the node's report with Slurm's GRES count."""
+    seen = data.get("seen")
+    if not isinstance(seen, int) or isinstance(seen, bool):
+        return GpuRow(node, state, gres, None, "-", "-", False, "not checked: the report "
+                      f"has no GPU count: {json.dumps(data)[:200]}")
+    matmul, dcgm = str(data.get("matmul", "error")), str(data.get("dcgm", "error"))
+    source = data.get("seen_source", "?")
+    faults, errors = [], []
+    if seen != gres:
+        faults.append(f"Slurm has {gres} GPUs as GRES, the node sees {seen} ({source})")
+    for name, status in (("matmul", matmul), ("dcgm", dcgm)):
+        detail = str(data.get(f"{name}_detail", ""))
+        if status == "fail":
+            faults.append(detail)
+        elif status not in ("pass", "absent"):
+            errors.append(f"{name} could not run: {detail}")
+    why = "; ".join(faults + errors) or (f"{source}; matmul {data.get('matmul_detail', '?')}; "
+                                         f"dcgm {dcgm}")
+    return GpuRow(node, state, gres, seen, matmul, dcgm, ok=not faults and not errors,
+                  why=why, fault=bool(faults))
+
+
+def gpu_check(node: str, fields: dict[str, str]) -> GpuRow:
+    """Check one GPU node through one srun step (or say why it was not checked)."""
+    state, gres = fields.get("State", "?"), gres_gpus(fields.get("Gres", ""))
+    if any(word in state.upper() for word in UNAVAILABLE):
+        return GpuRow(node, state, gres, None, "-", "-", False, f"not checked: node is {state}")
+    partition = fields.get("Partitions", "").split(",")[0]
+    try:
+        proc = slurm.srun(gpu_step(node, gres, "" if partition == "(null)" else partition),
+                          timeout_s=GPU_JOB_MINUTES * 60 + GPU_WAIT_S + 30)
+    except slurm.SlurmError as exc:
+        return GpuRow(node, state, gres, None, "-", "-", False, f"not checked: {exc}")
+    data = gpucheck.parse(proc.stdout)
+    if data is None or "error" in data:
+        why = data["error"] if data else f"srun {_why(proc)}"
+        return GpuRow(node, state, gres, None, "-", "-", False, f"not checked: {why}")
+    return gpu_verdict(node, state, gres, data)
+
+
+def gpu_rows() -> list[GpuRow]:
+    """Every node with GPUs as GRES in Slurm, checked in turn."""
+    nodes = {n: f for n, f in slurm.node_info().items() if gres_gpus(f.get("Gres", ""))}
+    if not nodes:
+        raise PyhpcError("--gpus: no node has GPUs as GRES in Slurm (scontrol show node); "
+                         "nothing to check", "--gpus")
+    return [gpu_check(node, fields) for node, fields in sorted(nodes.items())]
+
+
+def drain_faulty(rows: Sequence[GpuRow]) -> list[GpuRow]:
+    """Drain each node with a fault it reported (``Reason=pyhpc doctor: ...``); only those."""
+    out = []
+    for row in rows:
+        if row.fault:
+            slurm.drain(row.node, f"pyhpc doctor: {row.why}")
+            row = replace(row, drained=True)
+        out.append(row)
+    return out
+
+
+def gpu_table(rows: Sequence[GpuRow]) -> str:
+    """The GPU rows as an aligned text table."""
+    head = ("NODE", "GRES", "SEEN", "MATMUL", "DCGM", "RESULT", "DETAIL")
+    body = [(r.node, str(r.gres), "-" if r.seen is None else str(r.seen), r.matmul, r.dcgm,
+             "ok" if r.ok else ("DRAINED" if r.drained else "FAIL"), r.why) for r in rows]
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head) - 1)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)),
+                                line[-1]]) for line in [head, *body])
