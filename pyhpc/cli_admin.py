@@ -1,0 +1,91 @@
+"""The admin commands of the ``pyhpc`` CLI: ``directory sync`` and ``workshop create|delete|
+list``. Each parses its arguments and makes one call into :mod:`pyhpc.directory` or
+:mod:`pyhpc.workshop`; run as root on the login host.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pyhpc import cluster, directory, paths, workshop
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+def _cluster() -> cluster.Cluster:
+    return cluster.load(paths.cluster_file())
+
+
+def cmd_directory_sync(args: argparse.Namespace) -> int:
+    the_cluster = _cluster()
+    d = workshop.directory_of(the_cluster)
+    plan = directory.sync(d, the_cluster.accounts)
+    data = {**asdict(plan), "changed": plan.changed}
+    _emit(data, args.json, "\n".join(f"{k}: {' '.join(v) if isinstance(v, tuple) else v}"
+                                     for k, v in data.items()))
+    return 0
+
+
+def cmd_workshop_create(args: argparse.Namespace) -> int:
+    the_cluster = _cluster()
+    plan = workshop.plan(args.name, args.participants, args.start, args.hours, args.nodes,
+                         the_cluster, args.partition)
+    done = workshop.create(plan, the_cluster, Path(args.out or f"pyhpc-workshops/{args.name}"))
+    text = (f"workshop {plan.name}: {len(plan.participants)} participants, reservation on "
+            f"{plan.nodes} {plan.partition} nodes from {plan.start} for {plan.minutes} min"
+            + (f"; sheet: {', '.join(done['sheet'])}" if "sheet" in done else "")
+            + ("" if done["changed"] else " (unchanged)"))
+    _emit(done, args.json, text)
+    return 0
+
+
+def cmd_workshop_delete(args: argparse.Namespace) -> int:
+    done = workshop.delete(args.name, _cluster(), args.homes)
+    _emit(done, args.json, f"workshop {args.name}: "
+          + ("deleted" if done["changed"] else "nothing to delete"))
+    return 0
+
+
+def cmd_workshop_list(args: argparse.Namespace) -> int:
+    rows = workshop.listing(_cluster())
+    _emit(rows, args.json, "\n".join(f"{r['name']}\t{r['participants']} participants\t"
+                                     f"{r['start']} - {r['end']}\t{r['nodes']}" for r in rows))
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Register the admin commands on the CLI's subparsers."""
+    p = sub.add_parser("directory", help="admin: the user directory (LDAP)")
+    dsub = p.add_subparsers(dest="directory_command", required=True, metavar="SUBCOMMAND")
+    s = dsub.add_parser("sync", help="make the directory hold the definition's users and "
+                        "one group per account (the deploy runs it)")
+    s.add_argument("--json", action="store_true", help="print what changed as JSON")
+    s.set_defaults(func=cmd_directory_sync)
+
+    p = sub.add_parser("workshop", help="admin: workshop accounts, limits and reservation")
+    wsub = p.add_subparsers(dest="workshop_command", required=True, metavar="SUBCOMMAND")
+    s = wsub.add_parser("create", help="participants NAME-01.., a Slurm account with a QOS, "
+                        "a reservation, and the instructor's sheet (0600)")
+    s.add_argument("name", help="workshop name (the Slurm account, QOS and reservation)")
+    s.add_argument("--participants", required=True, help=f"1 to {workshop.MAX_PARTICIPANTS}")
+    s.add_argument("--start", required=True, help="now, or an ISO time (2026-03-02T09:00)")
+    s.add_argument("--hours", required=True, help="length of the reservation")
+    s.add_argument("--nodes", default="1", help="nodes reserved, also each job's limit")
+    s.add_argument("--partition", help="partition of the nodes (default: the default one)")
+    s.add_argument("--out", help="directory of the sheet (default pyhpc-workshops/NAME)")
+    s.add_argument("--json", action="store_true", help="print what changed as JSON")
+    s.set_defaults(func=cmd_workshop_create)
+    s = wsub.add_parser("delete", help="cancel the participants' jobs and remove everything "
+                        "the workshop created")
+    s.add_argument("name")
+    s.add_argument("--homes", action="store_true", help="also remove the participants' homes")
+    s.add_argument("--json", action="store_true", help="print what changed as JSON")
+    s.set_defaults(func=cmd_workshop_delete)
+    s = wsub.add_parser("list", help="workshops, their windows and participants")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_workshop_list)

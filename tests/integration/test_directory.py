@@ -1,0 +1,179 @@
+"""Researchers as real users: directory accounts, isolation, workshops (issue 8).
+
+Runs on the lab as root, and as the definition's directory users (user1, user2) and
+workshop participants through `su - USER -c ...`, the way a participant logs in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pyhpc import cluster, directory, paths
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
+
+LAB = cluster.load(paths.LAB_CLUSTER)
+PYHPC = str(paths.SHARED_VENV / "bin" / "pyhpc")
+WORKSHOP = "citest"
+
+
+def sh(*argv: str, check: bool = True, timeout: int = 180) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def as_user(user: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return sh("su", "-", user, "-c", command, check=check)
+
+
+def lab_directory() -> cluster.Directory:
+    assert LAB.directory is not None
+    return LAB.directory
+
+
+def held_job(user: str) -> str:
+    return as_user(user, "sbatch --parsable --hold --time=1 --wrap true").stdout.strip()
+
+
+def node_state(node: str) -> str:
+    return sh("sinfo", "-h", "-N", "-n", node, "-o", "%t").stdout.split()[0]
+
+
+def test_definition_users_resolve_from_the_directory() -> None:
+    d = lab_directory()
+    for user in d.users(LAB.accounts):
+        fields = sh("getent", "passwd", user).stdout.strip().split(":")
+        assert fields[0] == user and d.uid_min <= int(fields[2]) <= d.uid_max
+        assert fields[5] == f"/home/{user}"
+    assert sh("getent", "group", "lab").stdout.strip().split(":")[3].split(",") == ["user1", "user2"]
+    assert "root:x:0:0" in sh("getent", "passwd", "root").stdout  # root stays local
+
+
+def test_a_users_job_runs_as_that_user_and_its_files_are_theirs() -> None:
+    proc = as_user("user1", f"{PYHPC} submit single --set command=id --wait --json")
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    logs = as_user("user1", f"{PYHPC} logs {result['job_id']}").stdout
+    uid = int(sh("id", "-u", "user1").stdout)
+    assert f"uid={uid}(user1)" in logs
+    home = Path("/home/user1")
+    assert home.stat().st_uid == uid and home.stat().st_mode & 0o077 == 0
+    written = [p for p in home.rglob("*") if result["job_id"] in str(p) and p.is_file()]
+    assert written and all(p.stat().st_uid == uid for p in written)
+
+
+def test_a_user_cannot_read_secrets_cancel_others_jobs_or_change_nodes() -> None:
+    for path in ("/etc/pyhpc/secrets/ldap_admin_password", "/etc/munge/munge.key",
+                 "/etc/slurm/slurmdbd.conf"):
+        assert as_user("user1", f"cat {path}", check=False).returncode != 0, path
+    job = held_job("user2")
+    try:
+        refused = as_user("user1", f"scancel {job}", check=False)
+        assert refused.returncode != 0 or "denied" in refused.stderr.lower()
+        assert sh("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING"
+        before = node_state("cpu1")
+        changed = as_user("user1", "scontrol update NodeName=cpu1 State=DRAIN Reason=mine",
+                          check=False)
+        assert changed.returncode != 0 and node_state("cpu1") == before
+        # PrivateData=jobs: user1 sees only their own jobs, and pyhpc status still works.
+        assert job not in as_user("user1", "squeue -h -o %i").stdout
+        mine = held_job("user1")
+        status = as_user("user1", f"{PYHPC} status --json --source squeue {mine}")
+        sh("scancel", mine)
+        assert json.loads(status.stdout) == {mine: "PENDING"}
+    finally:
+        sh("scancel", job, check=False)
+
+
+def test_a_directory_user_with_no_association_gets_one_line_exit_2() -> None:
+    d = lab_directory()
+    tag, name = "pyhpc: integration test", "noassoc1"
+    directory.add_members(d, "noassoc", [name], tag, {name: "x" * 16})
+    try:
+        proc = as_user(name, f"{PYHPC} submit single --set command=id", check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"pyhpc: error: user {name} has no account on cluster {LAB.name}; an admin adds "
+            "it to accounts in cluster.yml"]
+    finally:
+        directory.delete(d, [directory.user_dn(d, name), directory.group_dn(d, "noassoc")])
+        sh("rm", "-rf", f"/home/{name}")
+
+
+def workshop(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return sh(PYHPC, "workshop", *args, check=check)
+
+
+@pytest.fixture(scope="module")
+def created(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    workshop("delete", WORKSHOP, "--homes")
+    out = tmp_path_factory.mktemp("sheet") / WORKSHOP
+    done = json.loads(workshop("create", WORKSHOP, "--participants", "2", "--start", "now",
+                               "--hours", "1", "--nodes", "1", "--out", str(out),
+                               "--json").stdout)
+    yield {**done, "out": out}
+    workshop("delete", WORKSHOP, "--homes", check=False)
+
+
+def test_workshop_create_writes_a_private_sheet(created: dict[str, object]) -> None:
+    assert created["users_added"] == [f"{WORKSHOP}-01", f"{WORKSHOP}-02"]
+    for path in created["sheet"]:  # type: ignore[attr-defined]  # a list from JSON
+        assert os.stat(path).st_mode & 0o777 == 0o600
+    listed = json.loads(workshop("list", "--json").stdout)
+    assert [(w["name"], w["participants"]) for w in listed] == [(WORKSHOP, 2)]
+
+
+def test_the_reservation_admits_a_participant_and_refuses_others(created: dict[str, object]) -> None:
+    srun = f"srun --reservation={WORKSHOP} --nodes=1 --time=1 id -un"
+    assert as_user(f"{WORKSHOP}-01", srun).stdout.strip() == f"{WORKSHOP}-01"
+    refused = as_user("user1", srun, check=False)
+    assert refused.returncode != 0 and "denied" in refused.stderr.lower(), refused.stderr
+
+
+def test_a_second_create_changes_nothing(created: dict[str, object]) -> None:
+    again = json.loads(workshop("create", WORKSHOP, "--participants", "2", "--start", "now",
+                                "--hours", "1", "--nodes", "1", "--out",
+                                str(created["out"]) + "-again", "--json").stdout)
+    assert again["changed"] is False and "sheet" not in again
+
+
+def test_workshop_delete_leaves_other_users_untouched(created: dict[str, object]) -> None:
+    other = held_job("user2")
+    participant = held_job(f"{WORKSHOP}-02")
+    assocs = sh("sacctmgr", "-n", "-P", "show", "assoc", "account=lab", "format=user").stdout
+    try:
+        done = json.loads(workshop("delete", WORKSHOP, "--homes", "--json").stdout)
+        assert participant in done["jobs_cancelled"] and other not in done["jobs_cancelled"]
+        assert sh("squeue", "-h", "-j", other, "-o", "%T").stdout.strip() == "PENDING"
+        assert sh("sacctmgr", "-n", "-P", "show", "assoc", "account=lab",
+                  "format=user").stdout == assocs
+        assert sh("getent", "passwd", f"{WORKSHOP}-01", check=False).returncode != 0
+        assert not Path(f"/home/{WORKSHOP}-01").exists()
+        assert sh("scontrol", "show", "reservation", WORKSHOP, check=False).returncode != 0
+        again = json.loads(workshop("delete", WORKSHOP, "--json").stdout)
+        assert again["changed"] is False
+        assert sh("getent", "passwd", "user2").stdout.startswith("user2:")
+    finally:
+        sh("scancel", other, participant, check=False)
+
+
+def test_the_directory_secret_is_private_and_never_logged() -> None:
+    path = Path("/etc/pyhpc/secrets/ldap_admin_password")
+    info = path.stat()
+    assert (info.st_mode & 0o777, info.st_uid) == (0o600, 0)
+    secret = path.read_text()
+    assert len(secret) >= 16
+    for text in (paths.ROOT / ".deploy" / "deploy.log",
+                 Path("/var/cache/debconf/passwords.dat"), Path("/var/cache/debconf/config.dat")):
+        if text.exists():
+            assert secret not in text.read_text(errors="replace"), text
+    # Users bind as themselves only: the admin password opens nothing for them.
+    assert as_user("user1", "ldapsearch -x -LLL uid=user1 userPassword").stdout.count(
+        "userPassword") == 0

@@ -1,0 +1,124 @@
+"""The user directory: the definition's `directory` key, and syncs through a fake LDAP."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from pyhpc import cluster, directory, paths
+from pyhpc.cluster import ConfigError
+
+EXTERNAL = {"uri": "ldaps://ldap.uni.example:636", "base_dn": "dc=uni,dc=example",
+            "bind_dn": "cn=pyhpc,ou=services,dc=uni,dc=example",
+            "bind_password_file": "/etc/pyhpc/secrets/ldap_bind", "ca_file": "/etc/ssl/uni-ca.pem"}
+
+
+def with_directory(value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(yaml.safe_load(paths.LAB_CLUSTER.read_text()))
+    data["directory"] = value
+    return data
+
+
+def test_lab_runs_its_own_directory_and_keeps_root_local() -> None:
+    d = cluster.load(paths.LAB_CLUSTER).directory
+    assert d is not None and d.managed
+    assert (d.base_dn, d.bind_dn) == ("dc=lab,dc=pyhpc", "cn=admin,dc=lab,dc=pyhpc")
+    assert d.bind_password_file == "/etc/pyhpc/secrets/ldap_admin_password"
+    assert d.users(cluster.load(paths.LAB_CLUSTER).accounts) == ["user1", "user2"]
+
+
+def test_no_directory_key_means_no_directory() -> None:
+    data = with_directory(None)
+    del data["directory"]
+    assert cluster.parse(data).directory is None
+
+
+def test_existing_directory_over_ldaps_is_accepted() -> None:
+    d = cluster.parse(with_directory(EXTERNAL)).directory
+    assert d is not None and not d.managed and d.uri == EXTERNAL["uri"]
+
+
+def test_start_tls_on_ldap_uri_is_accepted() -> None:
+    d = cluster.parse(with_directory({**EXTERNAL, "uri": "ldap://ldap.uni.example",
+                                      "start_tls": True})).directory
+    assert d is not None and d.start_tls
+
+
+BAD = [
+    ({**EXTERNAL, "uri": "ldap://ldap.uni.example"},
+     "directory.uri: 'ldap://ldap.uni.example' sends binds and passwords in plaintext"),
+    ({k: v for k, v in EXTERNAL.items() if k != "ca_file"},
+     "directory.ca_file: required for TLS to the directory"),
+    ({k: v for k, v in EXTERNAL.items() if k != "bind_dn"},
+     "directory.bind_dn: required with directory.uri"),
+    ({**EXTERNAL, "uri": "http://ldap.uni.example"}, "directory.uri: 'http://ldap.uni.example'"),
+    ({**EXTERNAL, "base_dn": "dc=uni;rm"}, "directory.base_dn: 'dc=uni;rm' is not allowed"),
+    ({**EXTERNAL, "bind_password_file": "secret"}, "directory.bind_password_file: 'secret'"),
+    ({"bind_dn": "cn=admin,dc=x"}, "directory.bind_dn: only with directory.uri"),
+    ({"base_dn": "o=uni"}, "directory.base_dn: 'o=uni': pyhpc's own directory takes"),
+    ({"uid_min": 30000, "uid_max": 29000}, "directory.uid_max: 29000 is below directory.uid_min"),
+    ({"uid_min": 0}, "directory.uid_min: must be an integer from 1000"),
+    ({"colour": 1}, "directory.colour: unknown key; allowed: base_dn, bind_dn"),
+    ("yes", "directory: expected a mapping, got str"),
+]
+
+
+@pytest.mark.parametrize(("value", "message"), BAD, ids=[b[1][:40] for b in BAD])
+def test_invalid_directory_names_the_key(value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        cluster.parse(with_directory(value))
+    assert message in str(err.value)
+
+
+def test_plaintext_ldap_to_this_machine_is_accepted() -> None:
+    d = cluster.parse(with_directory({**EXTERNAL, "uri": "ldap://127.0.0.1/"})).directory
+    assert d is not None and d.uri == "ldap://127.0.0.1/"
+
+
+def lab_directory() -> cluster.Directory:
+    d = cluster.load(paths.LAB_CLUSTER).directory
+    assert d is not None
+    return d
+
+
+def test_sync_adds_users_and_a_group_per_account_then_changes_nothing(fake_ldap) -> None:
+    accounts = cluster.load(paths.LAB_CLUSTER).accounts
+    plan = directory.sync(lab_directory(), accounts)
+    assert plan.add_users == ("user1", "user2") and plan.add_groups == ("lab",)
+    users = directory.users(lab_directory())
+    assert [(u.name, u.number, u.gid) for u in users.values()] == [
+        ("user1", 20000, 20000), ("user2", 20001, 20000)]
+    assert "uid=root,ou=people,dc=lab,dc=pyhpc" not in fake_ldap.entries
+    assert not directory.sync(lab_directory(), accounts).changed
+
+
+def test_sync_removes_a_user_the_definition_dropped_and_keeps_workshop_users(fake_ldap) -> None:
+    d = lab_directory()
+    directory.sync(d, (cluster.Account("lab", ("root", "user1", "user2")),))
+    directory.add_members(d, "ws", ["ws-01"], directory.workshop_tag("ws"), {"ws-01": "pw"})
+    plan = directory.sync(d, (cluster.Account("lab", ("root", "user1")),))
+    assert plan.remove_users == ("user2",) and plan.update_groups == ("lab",)
+    assert sorted(directory.users(d)) == ["user1", "ws-01"]
+    assert directory.groups(d)["lab"].members == ("user1",)
+    assert directory.users(d)["ws-01"].number == 20002  # numbers are never reused while taken
+
+
+def test_free_numbers_skip_taken_ones_and_refuse_a_full_range() -> None:
+    assert directory.free_numbers([20000, 20002], 20000, 20005, 3) == [20001, 20003, 20004]
+    with pytest.raises(directory.DirectoryError, match="directory.uid_max: no 2 free numbers"):
+        directory.free_numbers([1, 2], 1, 3, 2)
+
+
+def test_external_directory_binds_with_the_admins_credentials(fake_ldap) -> None:
+    d = cluster.parse(with_directory(EXTERNAL)).directory
+    assert d is not None
+    directory.users(d)
+    assert fake_ldap.calls[-1][:8] == ["ldapsearch", "-x", "-D", EXTERNAL["bind_dn"], "-y",
+                                       EXTERNAL["bind_password_file"], "-H", EXTERNAL["uri"]]
+
+
+def test_ssha_is_salted_sha1() -> None:
+    one, two = directory.ssha("pw"), directory.ssha("pw")
+    assert one.startswith("{SSHA}") and one != two
