@@ -20,7 +20,7 @@ export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
 .PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy containers clean \
-	hostlab hostlab-image hostlab-up hostlab-run hostlab-down
+	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -94,11 +94,14 @@ HOSTLAB := $(PYTHON) hostlab/hostlab.py
 HOSTLAB_RELEASE ?= trixie
 export HOSTLAB_RELEASE
 
-hostlab: ## hostlab-image + hostlab-up (the Slurm deploy onto the hosts is not wired in yet).
+hostlab: ## hostlab-image + hostlab-up + hostlab-deploy: a multi-host Slurm cluster on this machine.
 	$(MAKE) --no-print-directory hostlab-image
 	$(MAKE) --no-print-directory hostlab-up
-# hostlab deploy step: not wired in yet. It goes here, after hostlab-up:
-# the Slurm roles run against INVENTORY=ansible/inventories/hostlab.
+	$(MAKE) --no-print-directory hostlab-deploy
+
+hostlab-deploy: venv ## Run ansible/site.yml against the hostlab hosts (as `make deploy` does a real cluster's).
+	$(MAKE) --no-print-directory deploy INVENTORY=ansible/inventories/hostlab \
+		CLUSTER=ansible/inventories/hostlab/cluster.yml DEPLOY_LOG=.deploy/hostlab-deploy.log
 
 hostlab-image: ## Build the hostlab host image once per recipe (HOSTLAB_RELEASE=trixie|bookworm).
 	$(HOSTLAB) image

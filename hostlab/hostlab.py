@@ -16,7 +16,9 @@ Recipe (measured on a Debian 12 VM: no systemd on the host, cgroup v1):
   * `--systemd always`, CAP_SYS_ADMIN (for the cgroup remount; not --privileged),
     the host's cgroup namespace (with --cgroupns=private systemd stalls in
     "starting"), `--no-hosts` (the machine's /etc/hosts must not leak in);
-  * one volume per host for /var/log, kept across down/up (removed by --purge).
+  * one volume per host for /var/log, kept across down/up (removed by --purge);
+  * shared storage, the NFS stand-in: /opt/pyhpc and /home are directories of this
+    machine (STATE_DIR/shared) bind-mounted into every host; /opt/wheels read-only.
 """
 from __future__ import annotations
 
@@ -54,6 +56,11 @@ STATE_DIR = Path("/var/lib/pyhpc/hostlab")
 CACHE = Path("/var/cache/pyhpc/hostlab")
 #: Per-host volumes (name suffix -> path in the host): what survives `down`.
 VOLUMES = {"log": "/var/log"}
+#: Shared storage, the NFS stand-in: one directory of this machine (below
+#: STATE_DIR/shared) bind-mounted at the same path into every host.
+SHARED = ("/opt/pyhpc", "/home")
+#: This machine's local wheels (the CPU torch), read-only in every host, where present.
+WHEELS = Path("/opt/wheels")
 RELEASES = ("trixie", "bookworm")
 DEFAULT_RELEASE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
@@ -68,6 +75,7 @@ BOOTED = ("running", "degraded")
 BOOTING = ("initializing", "starting", "offline", "unknown", "")
 HOST_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 EXEC_TIMEOUT_S = 30
+ANSWER_TIMEOUT_S = 10
 
 
 class HostlabError(Exception):
@@ -156,6 +164,9 @@ def preflight() -> None:
         raise HostlabError("podman is missing: apt-get install -y podman netavark aardvark-dns")
     if os.geteuid() != 0:
         raise HostlabError("hostlab runs rootful podman: run it as root")
+    if shutil.which("iptables") is None and shutil.which("iptables", path="/usr/sbin:/sbin") is None:
+        raise HostlabError("iptables is missing (netavark sets up the network with it): "
+                           "apt-get install -y iptables")
 
 
 @contextmanager
@@ -260,6 +271,12 @@ def create_host(podman: Podman, host: str, image: str) -> None:
         if not podman.exists("volume", volume):
             podman.out("volume", "create", "--label", f"{LABEL}=1", volume)
         volumes += ["--volume", f"{volume}:{path}"]
+    for path in SHARED:
+        source = STATE_DIR / "shared" / path.strip("/").replace("/", "-")
+        source.mkdir(parents=True, exist_ok=True)
+        volumes += ["--volume", f"{source}:{path}"]
+    if WHEELS.is_dir():
+        volumes += ["--volume", f"{WHEELS}:{WHEELS}:ro"]
     podman.out("run", "--detach", "--name", host, "--hostname", host, "--network", NETWORK,
                "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image, "/sbin/init")
 
@@ -270,7 +287,13 @@ def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
     image_id = podman.out("image", "inspect", "--format", "{{.Id}}", image)
     for host in hosts:
         row = current.get(host)
-        if row and row["State"] == "running" and row["ImageID"] != image_id:
+        if row and row["State"] == "running" and not answers(podman, host):
+            # podman's state outlived the host's processes (they were killed from
+            # outside, e.g. with the session that started them): start it anew.
+            log(f"{host} is listed as running but does not answer; recreating it")
+            podman.out("rm", "--force", "--time", "0", host)
+            del current[host]
+        elif row and row["State"] == "running" and row["ImageID"] != image_id:
             log(f"{host} runs an older image than {image}; "
                 "`make hostlab-down` and up again to recreate it")
     started = [h for h in hosts if h not in current or current[h]["State"] != "running"]
@@ -284,6 +307,11 @@ def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
     with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
         list(pool.map(start, started))
     return started
+
+
+def answers(podman: Podman, host: str) -> bool:
+    """Whether a host podman calls running really runs: `true` in it returns at once."""
+    return podman.exec(host, "true", timeout=ANSWER_TIMEOUT_S).returncode == 0
 
 
 def system_state(podman: Podman, host: str) -> str:
@@ -423,6 +451,9 @@ def purge(podman: Podman) -> None:
         podman.out("rmi", "--force", *sorted(set(images)))
         log(f"removed {len(set(images))} image(s) ({IMAGE}:*)")
     shutil.rmtree(CACHE, ignore_errors=True)
+    if (STATE_DIR / "shared").exists():
+        shutil.rmtree(STATE_DIR / "shared")
+        log(f"removed the shared storage {STATE_DIR / 'shared'}")
 
 
 # --- command line ---------------------------------------------------------------
@@ -454,7 +485,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = add("down", cmd_down, "remove the hosts and the network")
     p.add_argument("--purge", action="store_true",
-                   help="also remove the hosts' volumes and the image")
+                   help="also remove the hosts' volumes, the shared storage and the image")
     return top
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import NoReturn
 
-from pyhpc import __version__, cli_containers, cli_jobs, cluster, doctor, files
+from pyhpc import __version__, cli_admin, cli_containers, cli_jobs, cluster, doctor, files
 from pyhpc.errors import PyhpcError
 
 DESCRIPTION = ("Submit multi-node PyTorch jobs to a Slurm cluster and report their "
@@ -46,12 +46,28 @@ def cmd_cluster_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.drain and not args.gpus:
+        raise PyhpcError("--drain: only with --gpus (it drains the GPU nodes that fail)", "--drain")
+    if args.gpus:
+        return doctor_gpus(args)
     checks = doctor.Doctor().checks()
     ok = all(c.ok for c in checks)
     if args.json:
         print(json.dumps({"ok": ok, "checks": [asdict(c) for c in checks]}, indent=2))
     else:
         print(doctor.table(checks))
+    return 0 if ok else 1
+
+
+def doctor_gpus(args: argparse.Namespace) -> int:
+    rows = doctor.gpu_rows()
+    if args.drain:
+        rows = doctor.drain_faulty(rows)
+    ok = all(r.ok for r in rows)
+    if args.json:
+        print(json.dumps({"ok": ok, "gpus": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print(doctor.gpu_table(rows))
     return 0 if ok else 1
 
 
@@ -73,8 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check the running cluster (munge, slurmctld, "
                          "slurmdbd, nodes, a 2-node job, sacct)")
     doc.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doc.add_argument("--gpus", action="store_true",
+                     help="GPU acceptance instead: per GPU node, the GPUs it sees against "
+                     "Slurm's GRES, a matmul on them, DCGM diag level 1 where installed")
+    doc.add_argument("--drain", action="store_true",
+                     help="with --gpus: drain each node that reported a fault, with the reason")
     doc.set_defaults(func=cmd_doctor)
     cli_containers.add_commands(sub)
+    cli_admin.add_commands(sub)
     return parser
 
 

@@ -31,6 +31,8 @@ TOP_KEYS = {
     "nodes": "list of node groups",
     "partitions": "list of partitions",
     "accounts": "list of accounts",
+    "directory": "the user directory (LDAP): empty for pyhpc's own, or an existing one's uri, "
+                 "base_dn, bind_dn, bind_password_file, ca_file",
 }
 LAB_KEYS = {"slurmd_base_port": "first port of the emulated slurmd daemons"}
 NODE_KEYS = {
@@ -49,6 +51,22 @@ PARTITION_KEYS = {
     "max_time": "time limit, Slurm syntax (e.g. 1-00:00:00 or UNLIMITED)",
 }
 ACCOUNT_KEYS = {"name": "account name", "users": "list of user names"}
+DIRECTORY_KEYS = {
+    "uri": "an existing directory's ldaps:// (or ldap:// with start_tls) URI; absent: pyhpc "
+           "runs slapd",
+    "base_dn": "base DN of the directory (default for pyhpc's own: dc=<cluster name>,dc=pyhpc)",
+    "bind_dn": "DN that adds and removes entries",
+    "bind_password_file": "absolute path of the file holding bind_dn's password (0600)",
+    "ca_file": "absolute path of the CA certificate that signed the directory's certificate",
+    "start_tls": "true: StartTLS on an ldap:// URI",
+    "uid_min": "first uid (and gid) number pyhpc gives directory users and groups",
+    "uid_max": "last uid (and gid) number",
+    "local_users": "users who stay local accounts, never directory entries (default [root])",
+}
+#: Where pyhpc's own directory keeps its admin password (on its host and the login hosts).
+DIRECTORY_SECRET = "/etc/pyhpc/secrets/ldap_admin_password"
+#: Hosts a plaintext ldap:// URI may name: the directory is this machine.
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 #: Bounds of every number in a definition, next to the keys above.
 BOUNDS: dict[str, tuple[int, int]] = {
     "count": (1, 1024),
@@ -56,6 +74,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "memory_mb": (1, 64 << 20),  # 64 TiB
     "gpus": (0, 16),
     "slurmd_base_port": (1024, 65535),
+    "uid_min": (1000, 2**31 - 2),
+    "uid_max": (1000, 2**31 - 2),
 }
 #: Nodes in one definition, all groups together.
 MAX_NODES = 4096
@@ -96,6 +116,26 @@ class Account:
 
 
 @dataclass(frozen=True)
+class Directory:
+    """The user directory. ``managed``: pyhpc runs slapd; else clients of ``uri``."""
+
+    managed: bool
+    base_dn: str
+    bind_dn: str
+    bind_password_file: str
+    uri: str | None = None
+    ca_file: str | None = None
+    start_tls: bool = False
+    uid_min: int = 20000
+    uid_max: int = 29999
+    local_users: tuple[str, ...] = ("root",)
+
+    def users(self, accounts: tuple[Account, ...]) -> list[str]:
+        """The accounts' users that belong in the directory (sorted, without local ones)."""
+        return sorted({u for a in accounts for u in a.users} - set(self.local_users))
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     mode: str
@@ -104,6 +144,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     partitions: tuple[Partition, ...]
     accounts: tuple[Account, ...] = field(default_factory=tuple)
+    directory: Directory | None = None
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -261,6 +302,53 @@ def _accounts(data: Any) -> tuple[Account, ...]:
     return tuple(accounts)
 
 
+def _directory(data: Any, cluster_name: str) -> Directory | None:
+    """``directory``: absent (no directory), ``{}`` (pyhpc's slapd) or an existing one."""
+    if data is None:
+        return None
+    _check_keys("directory", data, DIRECTORY_KEYS, ())
+    external = "uri" in data
+    for key in ("base_dn", "bind_dn", "bind_password_file", "ca_file"):
+        if external and key != "ca_file" and key not in data:
+            raise ConfigError(f"directory.{key}: required with directory.uri "
+                              f"({DIRECTORY_KEYS[key]})")
+        if not external and key in ("bind_dn", "bind_password_file", "ca_file") and key in data:
+            raise ConfigError(f"directory.{key}: only with directory.uri (pyhpc's own "
+                              "directory makes its own admin and secret)")
+    base_dn = validate.name("directory.base_dn", data.get("base_dn", f"dc={cluster_name},dc=pyhpc"),
+                            "dn", error=ConfigError)
+    uid_min = _int("directory.uid_min", data.get("uid_min", 20000))
+    uid_max = _int("directory.uid_max", data.get("uid_max", uid_min + 9999))
+    if uid_max < uid_min:
+        raise ConfigError(f"directory.uid_max: {uid_max} is below directory.uid_min {uid_min}")
+    local = tuple(_names("directory.local_users", data.get("local_users", ["root"]), "user"))
+    if not external:
+        if not all(part.startswith("dc=") for part in base_dn.split(",")):
+            raise ConfigError(f"directory.base_dn: {base_dn!r}: pyhpc's own directory takes a "
+                              "base of dc= parts only (e.g. dc=lab,dc=pyhpc)")
+        return Directory(True, base_dn, f"cn=admin,{base_dn}", DIRECTORY_SECRET,
+                         uid_min=uid_min, uid_max=uid_max, local_users=local)
+    uri = validate.name("directory.uri", data["uri"], "ldap_uri", error=ConfigError)
+    start_tls = _bool("directory.start_tls", data.get("start_tls", False))
+    ca_file = data.get("ca_file")
+    if ca_file is not None:
+        validate.name("directory.ca_file", ca_file, "abspath", error=ConfigError)
+    host = uri.split("://", 1)[1].rstrip("/").rsplit(":", 1)[0]
+    if uri.startswith("ldap://") and not start_tls and host not in LOCAL_HOSTS:
+        raise ConfigError(f"directory.uri: {uri!r} sends binds and passwords in plaintext to "
+                          f"{host}; use ldaps:// or directory.start_tls: true, with "
+                          "directory.ca_file")
+    if (uri.startswith("ldaps://") or start_tls) and ca_file is None:
+        raise ConfigError("directory.ca_file: required for TLS to the directory (the CA "
+                          "certificate that signed its certificate)")
+    return Directory(False, base_dn,
+                     validate.name("directory.bind_dn", data["bind_dn"], "dn", error=ConfigError),
+                     validate.name("directory.bind_password_file", data["bind_password_file"],
+                                   "abspath", error=ConfigError),
+                     uri=uri, ca_file=ca_file, start_tls=start_tls, uid_min=uid_min,
+                     uid_max=uid_max, local_users=local)
+
+
 def parse(data: Any) -> Cluster:
     """Validate a loaded YAML document and return the normalised cluster."""
     _check_keys("cluster", data, TOP_KEYS, ("name", "nodes", "partitions"))
@@ -269,8 +357,9 @@ def parse(data: Any) -> Cluster:
     _check_keys("lab", lab, LAB_KEYS, ())
     base_port = _int("lab.slurmd_base_port", lab.get("slurmd_base_port", 17001))
     nodes = _nodes(data["nodes"], mode, base_port)
+    name = _name("name", data["name"])
     return Cluster(
-        name=_name("name", data["name"]),
+        name=name,
         mode=mode,
         accounting=_bool("accounting", data.get("accounting", True)),
         container_runtime=_choice("container_runtime",
@@ -278,6 +367,7 @@ def parse(data: Any) -> Cluster:
         nodes=nodes,
         partitions=_partitions(data["partitions"], {n.name for n in nodes}),
         accounts=_accounts(data.get("accounts", [])),
+        directory=_directory(data.get("directory"), name),
     )
 
 

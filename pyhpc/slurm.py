@@ -295,9 +295,45 @@ def clusters() -> subprocess.CompletedProcess[str]:
                check=False)
 
 
-def srun(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+def srun(args: Sequence[str], timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """``srun ARGS`` in the foreground (not checked)."""
-    return run(["srun", *args], check=False)
+    return run(["srun", *args], check=False, timeout_s=timeout_s)
+
+
+def node_info() -> dict[str, dict[str, str]]:
+    """Every node's ``scontrol show node -o`` fields (``Gres``, ``State``, ``Partitions``...).
+
+    Only the first occurrence of a key counts: free text (``Reason=``, ``OS=``) comes later.
+    """
+    proc = run(["scontrol", "show", "node", "-o"])
+    info: dict[str, dict[str, str]] = {}
+    for line in proc.stdout.splitlines():
+        fields: dict[str, str] = {}
+        for match in re.finditer(r"(\w+)=(\S*)", line):
+            fields.setdefault(match.group(1), match.group(2))
+        if fields.get("NodeName"):
+            info[fields["NodeName"]] = fields
+    return info
+
+
+def hostnames(expression: str) -> list[str]:
+    """A hostlist expression (``gn[1-4]``, ``/dev/nvidia[0-3]``) expanded by Slurm itself."""
+    return run(["scontrol", "show", "hostnames", expression]).stdout.split()
+
+
+#: Longest drain reason kept (slurmctld stores and shows it in every sinfo -R).
+REASON_LIMIT = 200
+
+
+def reason_text(text: str) -> str:
+    """``text`` as a drain reason: one line, no quotes or control characters, capped."""
+    clean = " ".join(re.sub(r"[\x00-\x1f\x7f\"'`\\]", " ", text).split())
+    return clean[:REASON_LIMIT] or "no reason given"
+
+
+def drain(node: str, reason: str) -> None:
+    """``scontrol update NodeName=NODE State=DRAIN Reason=...``; a refusal raises."""
+    run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason_text(reason)}"])
 
 
 def munge_roundtrip() -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str] | None]:
@@ -306,3 +342,45 @@ def munge_roundtrip() -> tuple[subprocess.CompletedProcess[str], subprocess.Comp
     if cred.returncode != 0:
         return cred, None
     return cred, run(["unmunge"], stdin=cred.stdout, check=False)
+
+
+# -- accounts, QOS and reservations (admin commands: pyhpc workshop) ----------------------
+
+def sacctmgr_rows(entity: str, conditions: Sequence[str], columns: Sequence[str],
+                  ) -> list[list[str]]:
+    """``sacctmgr show ENTITY CONDITIONS format=COLUMNS`` as rows of fields."""
+    proc = run(["sacctmgr", "--noheader", "--parsable2", "show", entity, *conditions,
+                f"format={','.join(columns)}"])
+    return [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
+
+
+def sacctmgr(verb: str, entity: str, *args: str) -> None:
+    """``sacctmgr --immediate VERB ENTITY ARGS`` (add, modify, delete); a refusal raises."""
+    run(["sacctmgr", "--immediate", verb, entity, *args])
+
+
+def reservation(name: str) -> dict[str, str]:
+    """``scontrol show reservation NAME``: its fields; {} when there is none."""
+    proc = run(["scontrol", "show", "reservation", "-o", "--", name], check=False)
+    fields: dict[str, str] = {}
+    if proc.returncode == 0:
+        for match in re.finditer(r"(\w+)=(\S*)", proc.stdout):
+            fields.setdefault(match.group(1), match.group(2))
+    return fields if fields.get("ReservationName") == name else {}
+
+
+def create_reservation(fields: dict[str, str]) -> None:
+    """``scontrol create reservation KEY=VALUE...`` (validated values)."""
+    run(["scontrol", "create", "reservation", *(f"{k}={v}" for k, v in fields.items())])
+
+
+def delete_reservation(name: str) -> None:
+    run(["scontrol", "delete", f"ReservationName={name}"])
+
+
+def jobs_of(users: Sequence[str]) -> list[str]:
+    """Queued and running job ids of any of ``users`` (validated names)."""
+    if not users:
+        return []
+    proc = run(["squeue", "-h", "-o", "%i", f"--user={','.join(users)}"])
+    return sorted(set(proc.stdout.split()), key=_idkey)

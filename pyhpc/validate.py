@@ -51,6 +51,12 @@ KINDS: dict[str, Kind] = {
                                 r"(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(?:@sha256:[0-9a-f]{64})?"),
                      255, "an image reference [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST] "
                           "of lower-case names"),
+    # An LDAP distinguished name of plain attribute=value parts (dc=lab,dc=pyhpc).
+    "dn": Kind(re.compile(r"[a-zA-Z]+=[A-Za-z0-9._ -]+(?:,[a-zA-Z]+=[A-Za-z0-9._ -]+)*"), 512,
+               "an LDAP DN of attribute=value parts (letters, digits, '._ -'), comma-separated"),
+    # One LDAP server: ldap:// or ldaps:// with a host and an optional port.
+    "ldap_uri": Kind(re.compile(r"ldaps?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?/?"),
+                     260, "an ldaps:// or ldap:// URI with a host name and an optional port"),
     # http(s) URL with a host, or a file:/// URL; no credentials, query or fragment.
     "url": Kind(re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/+:@=,-]*)?"
                            r"|file:///[A-Za-z0-9._~%/+:@=,-]*"), 1024,

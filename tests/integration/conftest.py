@@ -9,10 +9,12 @@ from pyhpc import paths
 
 #: The code jobs run, from the deployed copy (pyhpc is installed editable from it): every
 #: module a job imports or the CLI runs to submit it, and every job template.
-JOB_CODE = [f"pyhpc/{m}.py" for m in ("__init__", "_submit", "bench", "bench_job", "cli_jobs",
-                                      "cluster", "device", "dist", "errors", "files", "jobspec",
-                                      "metrics", "paths", "render", "report", "slurm", "sweep",
-                                      "train", "trainconfig", "validate", "watch", "yamlio")] + [
+JOB_CODE = [f"pyhpc/{m}.py" for m in ("__init__", "_submit", "bench", "bench_job", "cli",
+                                      "cli_admin", "cli_jobs", "cluster", "device", "directory",
+                                      "dist", "doctor", "errors", "files", "gpucheck",
+                                      "jobspec", "metrics", "paths", "render", "report",
+                                      "slurm", "sweep", "train", "trainconfig", "validate",
+                                      "watch", "workshop", "yamlio")] + [
     str(p.relative_to(paths.ROOT)) for p in sorted(paths.SLURM_JOBS.glob("*.j2"))]
 
 

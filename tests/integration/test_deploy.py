@@ -140,7 +140,9 @@ def test_pyhpc_doctor_passes(redeploys: list[subprocess.CompletedProcess[str]]) 
 def test_restarted_controller_keeps_queued_jobs() -> None:
     job = sh("sbatch", "--parsable", "--hold", "--time=1", "--wrap", "true").stdout.strip()
     try:
-        sh("service", "slurmctld", "restart")
+        # pyhpc's pid-file script: Debian's would stop every slurmctld on the machine
+        # by name (hostlab's too) and skip the start while another one runs.
+        sh("service", "pyhpc-slurmctld", "restart")
         deadline = time.monotonic() + 60
         while sh("scontrol", "ping", check=False).returncode != 0 and time.monotonic() < deadline:
             time.sleep(1)

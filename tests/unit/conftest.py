@@ -1,11 +1,13 @@
 """Unit-test fixtures: fake Slurm tools on PATH (for submitit) plus pyhpc.slurm's fake runner."""
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from pyhpc import paths
+from pyhpc import directory, paths
 
 SLURM_TOOLS = ("sbatch", "srun", "squeue", "sacct", "scancel", "scontrol", "salloc")
 FAKE_TOOL = """#!/bin/bash
@@ -46,3 +48,51 @@ def slurm(monkeypatch, tmp_path: Path, fake_slurm) -> Recorder:
     return rec
 
 
+
+
+class FakeLdap:
+    """An in-memory directory behind ldapsearch/ldapadd/ldapmodify/ldapdelete."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, list[str]]] = {}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], stdin: str | None, timeout_s: float,
+                 ) -> subprocess.CompletedProcess[str]:
+        argv = list(argv)
+        self.calls.append(argv)
+        tool = argv[0]
+        if tool == "ldapsearch":
+            base = argv[argv.index("-b") + 1]
+            wanted = next(a for a in argv if a.startswith("(objectClass="))[13:-1]
+            found = [(dn, e) for dn, e in self.entries.items()
+                     if dn.endswith("," + base) and wanted in e.get("objectClass", [])]
+            if not found and not any(dn == base or dn.endswith("," + base) for dn in self.entries):
+                return subprocess.CompletedProcess(argv, 32, "", "No such object")
+            text = "".join(f"dn: {dn}\n" + "".join(f"{k}: {v}\n" for k, vs in e.items()
+                                                   for v in vs) + "\n" for dn, e in found)
+            return subprocess.CompletedProcess(argv, 0, text, "")
+        if tool == "ldapadd":
+            for block in (stdin or "").strip().split("\n\n"):
+                attrs: dict[str, list[str]] = {}
+                for line in block.splitlines():
+                    key, _, value = line.partition(": ")
+                    attrs.setdefault(key, []).append(value)
+                self.entries[attrs.pop("dn")[0]] = attrs
+        elif tool == "ldapmodify":
+            dn = (stdin or "").splitlines()[0][4:]
+            self.entries[dn]["memberUid"] = [line[11:] for line in (stdin or "").splitlines()
+                                             if line.startswith("memberUid: ")]
+        elif tool == "ldapdelete":
+            for dn in (stdin or "").split("\n"):
+                self.entries.pop(dn, None)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+@pytest.fixture
+def fake_ldap(monkeypatch) -> FakeLdap:
+    fake = FakeLdap()
+    fake.entries["dc=lab,dc=pyhpc"] = {"objectClass": ["dcObject"]}
+    monkeypatch.setattr(directory, "RUNNER", fake)
+    monkeypatch.setattr(directory, "LDAPI", paths.ROOT / "no-such-socket")
+    return fake

@@ -17,13 +17,15 @@ from pyhpc import cluster, paths
 TEMPLATES = paths.ROOT / "slurm" / "etc"
 DEFAULTS = paths.ROOT / "ansible" / "roles" / "slurm" / "defaults" / "main.yml"
 INVENTORIES = paths.ROOT / "ansible" / "inventories"
-FILES = ["slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf"]
+FILES = ["slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf", "pyhpc-healthcheck"]
 #: Host facts the role would take from the inventory, fixed here for determinism.
 HOSTS = {
     "lab": {"slurm_controller_hostname": "labhost", "slurm_dbd_hostname": "labhost",
-            "slurm_lab_hostname": "labhost"},
+            "slurm_lab_hostname": "labhost", "slurm_version": "22.05.8"},
     "example": {"slurm_controller_hostname": "head1", "slurm_dbd_hostname": "db1",
-                "slurm_lab_hostname": "unused"},
+                "slurm_lab_hostname": "unused", "slurm_version": "24.11.5"},
+    "hostlab": {"slurm_controller_hostname": "ctl", "slurm_dbd_hostname": "db",
+                "slurm_lab_hostname": "unused", "slurm_version": "24.11.5"},
 }
 
 
@@ -66,3 +68,18 @@ def test_gpu_nodes_use_nvml_or_explicit_files() -> None:
         "gres.conf", context("example"))
     assert "NodeName=gpu1 Name=gpu Type=lab File=/dev/pyhpc-lab/gpu1/nvidia[0-1]" in render(
         "gres.conf", context("lab"))
+
+
+@pytest.mark.parametrize(("version", "crypto", "ctld_pid", "dbd_pid"), [
+    ("22.05.8", True, "/run/slurmctld.pid", "/run/slurmdbd.pid"),
+    ("24.11.5", False, "/run/slurmctld/slurmctld.pid", "/run/slurmdbd/slurmdbd.pid"),
+])
+def test_templates_follow_the_installed_slurm_version(version: str, crypto: bool, ctld_pid: str,
+                                                      dbd_pid: str) -> None:
+    """Debian 12's Slurm 22.05 needs CryptoType; 23.11+ dropped it and runs its daemons
+    as slurm with pid files in their units' RuntimeDirectory."""
+    ctx = {**context("example"), "slurm_version": version}
+    conf = render("slurm.conf", ctx)
+    assert ("CryptoType=crypto/munge" in conf) is crypto
+    assert f"SlurmctldPidFile={ctld_pid}\n" in conf
+    assert f"PidFile={dbd_pid}\n" in render("slurmdbd.conf", ctx)
