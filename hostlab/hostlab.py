@@ -291,7 +291,10 @@ def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
             # podman's state outlived the host's processes (they were killed from
             # outside, e.g. with the session that started them): start it anew.
             log(f"{host} is listed as running but does not answer; recreating it")
-            podman.out("rm", "--force", "--time", "0", host)
+            # The first rm finds the runtime's container gone and marks it stopped, then
+            # gives up ("container state improper"); the second removes it.
+            if podman.run("rm", "--force", "--time", "0", host, check=False).returncode:
+                podman.out("rm", "--force", "--time", "0", host)
             del current[host]
         elif row and row["State"] == "running" and row["ImageID"] != image_id:
             log(f"{host} runs an older image than {image}; "

@@ -145,7 +145,10 @@ def _http_status(url: str) -> int:
 
 def test_jupyterlab_answers_with_its_token_and_refuses_without(work: Path) -> None:
     port = 20000 + uuid.uuid4().int % 20000
-    proc = pyhpc(work, "submit", "jupyter", "--set", f"port={port}", "--json")
+    # The lab's tests run as root, which JupyterLab refuses without --allow-root; a
+    # researcher's job runs as the researcher and needs no such flag.
+    proc = pyhpc(work, "submit", "jupyter", "--set", f"port={port}", "--set",
+                 "jupyter=/opt/pyhpc/venv/bin/jupyter lab --allow-root", "--json")
     job = json.loads(proc.stdout)["job_id"]
     token_file = Path.home() / ".pyhpc" / "jupyter" / f"{job}.token"
     base = f"http://127.0.0.1:{port}/api/status"
