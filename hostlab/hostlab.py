@@ -104,9 +104,19 @@ def _group_hosts(group: dict[str, Any], where: str) -> Iterator[str]:
         yield from _group_hosts(sub or {}, f"{where}.children.{child}")
 
 
-def load_inventory(path: Path = INVENTORY) -> Inventory:
+def inventory_path() -> Path:
+    """hosts.yml of $HOSTLAB_INVENTORY (an inventory directory), else hostlab's own."""
+    where = os.environ.get("HOSTLAB_INVENTORY")
+    return Path(where) / "hosts.yml" if where else INVENTORY
+
+
+def load_inventory(path: Path | None = None) -> Inventory:
     """The hosts (in file order, each once) and podman's global flags from hosts.yml."""
-    data = yaml.safe_load(path.read_text()) or {}
+    path = path or inventory_path()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise HostlabError(f"inventory: cannot read {path}: {exc.strerror}") from None
     top = data.get("all") or {}
     hosts = tuple(dict.fromkeys(_group_hosts(top, "all")))
     if not hosts:

@@ -1,0 +1,153 @@
+"""hostlab life cycle: add and remove a compute host, restart the controller host mid-job.
+
+The same commands an admin runs on a real cluster: edit the definition and the
+inventory, `make hostlab-up` (the new host's machine) and `make hostlab-deploy`. The
+changed topology lives in a copy of the hostlab inventory ($HOSTLAB_INVENTORY), so
+the repository's stays as it is. Runs after test_hostlab.py, which leaves the hosts up.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+# pytest puts this directory on sys.path (rootdir-relative, no package).
+from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, on, run_on, sacct_state
+
+from pyhpc import paths
+
+pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
+              pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
+
+INVENTORY_DIR = paths.ROOT / "ansible" / "inventories" / "hostlab"
+NEW_HOST = "cpu2"
+
+
+def make_with(target: str, inventory: Path | None = None, timeout: int = 1800) -> tuple[str, float]:
+    """`make TARGET`, with HOSTLAB_INVENTORY=inventory where given."""
+    env = dict(os.environ, HOSTLAB_INVENTORY=str(inventory or INVENTORY_DIR))
+    start = time.monotonic()
+    proc = subprocess.run(["make", "--no-print-directory", target], cwd=paths.ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - start
+    print(f"$ HOSTLAB_INVENTORY={env['HOSTLAB_INVENTORY']} make {target}  ({took:.1f} s)\n"
+          f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    return proc.stdout, took
+
+
+def node_states() -> dict[str, str]:
+    """Each node's state; {} while slurmctld does not answer (busy with a host going away)."""
+    proc = run_on("login", "sinfo", "--noheader", "--Node", "--format=%N %t")
+    if proc.returncode != 0:
+        return {}
+    return dict(line.split() for line in sorted(set(proc.stdout.splitlines())))
+
+
+def wait_for(what: str, check: Any, timeout: float = 180, every: float = 2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(every)
+
+
+def submit(*args: str) -> str:
+    """sbatch on login as a user does; the job id."""
+    out: str = on("login", "sbatch", "--parsable", *args)
+    return out.split(";")[0]
+
+
+def job_state(job: str) -> str:
+    state: str = on("login", "squeue", "--noheader", f"--jobs={job}", "--format=%T")
+    return state or "GONE"
+
+
+def invocations(units: dict[str, str]) -> dict[str, str]:
+    """systemd's InvocationID of each host's unit: it changes when the unit is restarted,
+    not when Slurm 24.11 reconfigures a daemon in place (it re-executes itself, a new pid)."""
+    return {host: on(host, "systemctl", "show", "--property=InvocationID", "--value", f"{unit}.service")
+            for host, unit in units.items()}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict[str, Any]:
+    """The repository's hostlab, converged (test_hostlab.py recreated a host at its end)."""
+    make_with("hostlab-up")
+    make_with("hostlab-deploy")
+    wait_for("every compute host idle", lambda: set(node_states().values()) == {"idle"})
+    return {}
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A copy of the hostlab inventory with one more CPU host, NEW_HOST."""
+    where = tmp_path_factory.mktemp("inventory") / "hostlab"
+    shutil.copytree(INVENTORY_DIR, where)
+    hosts = yaml.safe_load((where / "hosts.yml").read_text())
+    hosts["all"]["children"]["compute"]["hosts"][NEW_HOST] = None
+    (where / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    definition = yaml.safe_load((where / "cluster.yml").read_text())
+    next(n for n in definition["nodes"] if n["name"] == "cpu")["count"] = 2
+    for part in definition["partitions"]:
+        if part["name"] in ("cpu", "all"):
+            part["nodes"].append(NEW_HOST)
+    (where / "cluster.yml").write_text(yaml.safe_dump(definition, sort_keys=False))
+    yield where
+    # Whatever the tests left: the repository's topology again, without the extra host.
+    _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", NEW_HOST])
+
+
+def test_adding_a_compute_host_brings_it_in_and_restarts_no_other_slurmd(
+        cluster: dict[str, Any], grown: Path) -> None:
+    running = submit("--partition=gpu", "--nodes=1", "--wrap=sleep 1200")
+    wait_for("a job running on a GPU host", lambda: job_state(running) == "RUNNING")
+    units = {**{host: "slurmd" for host in COMPUTE}, "ctl": "slurmctld"}
+    before = invocations(units)
+    assert all(before.values()), before
+    make_with("hostlab-up", grown)
+    out, took = make_with("hostlab-deploy", grown)
+    print(f"hostlab: deploy adding {NEW_HOST}: {took:.1f} s")
+    wait_for(f"{NEW_HOST} idle", lambda: node_states().get(NEW_HOST) == "idle", timeout=120)
+    assert invocations(units) == before
+    assert "scontrol reconfigure" in out or "Apply a changed slurm.conf" in out
+    assert job_state(running) == "RUNNING"
+    assert on("login", "srun", f"--nodelist={NEW_HOST}", "hostname") == NEW_HOST
+    on("login", "scancel", running)
+
+
+def test_removing_a_compute_host_drains_it_first_and_kills_no_job(
+        cluster: dict[str, Any], grown: Path) -> None:
+    assert NEW_HOST in node_states(), "the host added by the previous test"
+    # Longer than the deploy takes to reach the drain, so that it must wait for the job.
+    job = submit(f"--nodelist={NEW_HOST}", "--partition=cpu", "--wrap=sleep 150")
+    wait_for("the job running on the host to remove", lambda: job_state(job) == "RUNNING")
+    out, took = make_with("hostlab-deploy")  # the repository's inventory: without NEW_HOST
+    print(f"hostlab: deploy removing {NEW_HOST} while a job runs on it: {took:.1f} s")
+    assert re.search(rf"Drain the nodes the definition no longer lists.*\n.*item={NEW_HOST}", out), out
+    assert "RETRYING: [ctl]: Wait for the jobs on the drained nodes to end" in out, out
+    assert sacct_state(job) == "COMPLETED"
+    assert NEW_HOST not in node_states()
+    _run([*HOSTLAB, "podman", "rm", "--force", NEW_HOST])
+
+
+def test_restarting_the_controller_host_keeps_the_queue(cluster: dict[str, Any]) -> None:
+    held = submit("--hold", "--partition=cpu", "--wrap=true")
+    running = submit("--partition=gpu", "--wrap=sleep 60")
+    wait_for("a job running", lambda: job_state(running) == "RUNNING")
+    _run([*HOSTLAB, "podman", "restart", "ctl"], timeout=180)
+    wait_for("slurmctld answering again",
+             lambda: run_on("login", "squeue", "--noheader").returncode == 0, timeout=120)
+    assert job_state(held) == "PENDING"
+    assert job_state(running) == "RUNNING"
+    on("login", "scancel", held, running)
