@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy containers clean \
+.PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy bench-hostlab containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -71,6 +71,9 @@ lab-up: venv ## Bring the lab up (an idempotent deploy of the lab inventory).
 bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages alone, and an idempotent re-run (purges the lab).
 	$(PY) bench/deploy.py
 
+bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-run on 1-8 compute hosts (~30 min; restores it).
+	$(PY) bench/hostlab.py
+
 bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<name>.json.
 	/opt/pyhpc/venv/bin/python bench/containers.py --from-scratch
 	$(PY) bench/jobs.py
@@ -92,7 +95,9 @@ purge: ## Same as `make undeploy PURGE=1`: stop daemons, purge packages, state, 
 # runs with the system python3 (PyYAML), not the venv.
 HOSTLAB := $(PYTHON) hostlab/hostlab.py
 HOSTLAB_RELEASE ?= trixie
-export HOSTLAB_RELEASE
+# Another topology: a copy of ansible/inventories/hostlab with other hosts and cluster.yml.
+HOSTLAB_INVENTORY ?= ansible/inventories/hostlab
+export HOSTLAB_RELEASE HOSTLAB_INVENTORY
 
 hostlab: ## hostlab-image + hostlab-up + hostlab-deploy: a multi-host Slurm cluster on this machine.
 	$(MAKE) --no-print-directory hostlab-image
@@ -100,8 +105,8 @@ hostlab: ## hostlab-image + hostlab-up + hostlab-deploy: a multi-host Slurm clus
 	$(MAKE) --no-print-directory hostlab-deploy
 
 hostlab-deploy: venv ## Run ansible/site.yml against the hostlab hosts (as `make deploy` does a real cluster's).
-	$(MAKE) --no-print-directory deploy INVENTORY=ansible/inventories/hostlab \
-		CLUSTER=ansible/inventories/hostlab/cluster.yml DEPLOY_LOG=.deploy/hostlab-deploy.log
+	$(MAKE) --no-print-directory deploy INVENTORY=$(HOSTLAB_INVENTORY) \
+		CLUSTER=$(HOSTLAB_INVENTORY)/cluster.yml DEPLOY_LOG=.deploy/hostlab-deploy.log
 
 hostlab-image: ## Build the hostlab host image once per recipe (HOSTLAB_RELEASE=trixie|bookworm).
 	$(HOSTLAB) image

@@ -21,12 +21,15 @@ class ConfigError(PyhpcError):
 MODES = ("lab", "hosts")
 RUNTIMES = ("podman", "apptainer", "enroot")
 GPU_DETECT = ("files", "nvml")
+#: Slurm tuning profiles (slurm.conf): Slurm's defaults, or SchedMD's high-throughput guide.
+TUNINGS = ("default", "high_throughput")
 
 TOP_KEYS = {
     "name": "cluster name (lower-case letters, digits, '-', '_')",
     "mode": f"one of {', '.join(MODES)}",
     "accounting": "true or false",
     "container_runtime": f"one of {', '.join(RUNTIMES)}",
+    "tuning": f"one of {', '.join(TUNINGS)} (slurm.conf; docs/tuning.md)",
     "lab": "settings for mode: lab",
     "nodes": "list of node groups",
     "partitions": "list of partitions",
@@ -81,6 +84,13 @@ BOUNDS: dict[str, tuple[int, int]] = {
 MAX_NODES = 4096
 #: Entries in one list (partitions, accounts, users of an account).
 MAX_ITEMS = 4096
+MAX_PORT = 65535
+#: mode lab: all nodes' declared memory together is at most this many times this machine's
+#: RAM. It only tells Slurm how many jobs fit a node (config_overrides); nothing reserves it
+#: and lab jobs use a fraction of it, so overcommit is intended. Beyond 4x, jobs using just a
+#: quarter of their share would exhaust the machine: a typo, not a lab.
+LAB_MEMORY_FACTOR = 4
+MEMINFO = Path("/proc/meminfo")
 
 
 def listing(names: list[str], most: int = 12) -> str:
@@ -145,6 +155,7 @@ class Cluster:
     partitions: tuple[Partition, ...]
     accounts: tuple[Account, ...] = field(default_factory=tuple)
     directory: Directory | None = None
+    tuning: str = "default"
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -241,10 +252,12 @@ def _nodes(data: Any, mode: str, base_port: int) -> tuple[Node, ...]:
         for node_name in names:
             _name(f"{where}.name", node_name)  # with its number, still a valid name
             port = base_port + len(nodes) if mode == "lab" else 6818
-            if port > 65535:
-                raise ConfigError(f"lab.slurmd_base_port: {base_port} + {len(nodes)} nodes "
-                                  "goes past port 65535")
             nodes.append(replace(template, name=node_name, port=port))
+    last = base_port + len(nodes) - 1
+    if mode == "lab" and last > MAX_PORT:
+        raise ConfigError(f"lab.slurmd_base_port: {base_port} + {len(nodes)} nodes goes past port "
+                          f"{MAX_PORT} (the last node would get {last}); allowed: "
+                          f"{BOUNDS['slurmd_base_port'][0]} to {MAX_PORT + 1 - len(nodes)}")
     seen: set[str] = set()
     for node in nodes:
         if node.name in seen:
@@ -253,6 +266,30 @@ def _nodes(data: Any, mode: str, base_port: int) -> tuple[Node, ...]:
     if mode == "lab" and any(n.gpu_detect == "nvml" for n in nodes):
         raise ConfigError("nodes.gpu_detect: 'nvml' needs real GPUs; mode: lab allows only 'files'")
     return tuple(nodes)
+
+
+def machine_memory_mb(meminfo: Path = MEMINFO) -> int | None:
+    """This machine's RAM (MemTotal) in MiB; None where the kernel does not say (not Linux)."""
+    try:
+        text = meminfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        words = value.split()  # "24684096 kB"
+        if key == "MemTotal" and words and words[0].isdigit():
+            return int(words[0]) // 1024
+    return None
+
+
+def _check_lab_memory(nodes: tuple[Node, ...], ram_mb: int | None) -> None:
+    """mode lab runs every node here: their declared memory must not be far beyond this RAM."""
+    total = sum(n.memory_mb for n in nodes)
+    if ram_mb is not None and total > LAB_MEMORY_FACTOR * ram_mb:
+        raise ConfigError(f"nodes.memory_mb: the {len(nodes)} lab nodes declare {total} MiB "
+                          f"together, more than {LAB_MEMORY_FACTOR} x this machine's {ram_mb} "
+                          f"MiB (MemTotal), where mode lab runs them all; allowed: at most "
+                          f"{LAB_MEMORY_FACTOR * ram_mb} MiB in all")
 
 
 def _partitions(data: Any, node_names: set[str]) -> tuple[Partition, ...]:
@@ -349,14 +386,20 @@ def _directory(data: Any, cluster_name: str) -> Directory | None:
                      uid_max=uid_max, local_users=local)
 
 
-def parse(data: Any) -> Cluster:
-    """Validate a loaded YAML document and return the normalised cluster."""
+def parse(data: Any, ram_mb: int | None = None) -> Cluster:
+    """Validate a loaded YAML document and return the normalised cluster.
+
+    ``ram_mb``: the RAM, in MiB, that a mode-lab definition must fit (default: this
+    machine's, as the lab runs every node here; unknown off Linux, then not checked).
+    """
     _check_keys("cluster", data, TOP_KEYS, ("name", "nodes", "partitions"))
     mode = _choice("mode", data.get("mode", "hosts"), MODES)
     lab = data.get("lab", {})
     _check_keys("lab", lab, LAB_KEYS, ())
     base_port = _int("lab.slurmd_base_port", lab.get("slurmd_base_port", 17001))
     nodes = _nodes(data["nodes"], mode, base_port)
+    if mode == "lab":
+        _check_lab_memory(nodes, machine_memory_mb() if ram_mb is None else ram_mb)
     name = _name("name", data["name"])
     return Cluster(
         name=name,
@@ -368,9 +411,10 @@ def parse(data: Any) -> Cluster:
         partitions=_partitions(data["partitions"], {n.name for n in nodes}),
         accounts=_accounts(data.get("accounts", [])),
         directory=_directory(data.get("directory"), name),
+        tuning=_choice("tuning", data.get("tuning", "default"), TUNINGS),
     )
 
 
-def load(path: str | Path) -> Cluster:
-    """Read and validate a cluster definition file."""
-    return parse(yamlio.load(path, "cluster definition", error=ConfigError))
+def load(path: str | Path, ram_mb: int | None = None) -> Cluster:
+    """Read and validate a cluster definition file (``ram_mb`` as for :func:`parse`)."""
+    return parse(yamlio.load(path, "cluster definition", error=ConfigError), ram_mb)

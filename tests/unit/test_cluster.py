@@ -16,6 +16,9 @@ from pyhpc.cluster import ConfigError
 
 LAB = paths.LAB_CLUSTER
 EXAMPLE = paths.ROOT / "ansible" / "inventories" / "example" / "cluster.yml"
+DDL256 = paths.ROOT / "ansible" / "inventories" / "lab" / "ddl256.yml"
+#: The lab machine's RAM, for checks that must not depend on where the tests run.
+LAB_RAM_MB = 24 * 1024
 
 
 def lab_data() -> dict[str, Any]:
@@ -81,6 +84,8 @@ BAD = [
     ("nodes", [], "nodes: must be a non-empty list of at most 4096 node groups"),
     ("nodes.1.gpu_detect", "nvml", "nodes.gpu_detect: 'nvml' needs real GPUs; mode: lab"),
     ("accounts.0.users", "root", "accounts[0].users: must be a list of at most 4096 names, got 'root'"),
+    ("tuning", "fast", "tuning: 'fast' is not allowed; allowed: default, high_throughput"),
+    ("tuning", None, "tuning: None is not allowed; allowed: default, high_throughput"),
 ]
 
 
@@ -131,3 +136,84 @@ def test_cli_validate_json_is_the_normalised_definition() -> None:
     assert [n["name"] for n in data["nodes"]] == ["cpu1", "cpu2", "gpu1", "gpu2"]
     assert data["partitions"][1] == {"name": "gpu", "nodes": ["gpu1", "gpu2"],
                                      "default": False, "max_time": "1-00:00:00"}
+
+
+def test_tuning_defaults_to_default_and_reaches_the_json() -> None:
+    assert cluster.load(LAB).tuning == "default"
+    data = edit("tuning", "high_throughput")
+    assert cluster.parse(data).to_dict()["tuning"] == "high_throughput"
+
+
+def test_ddl256_is_64_servers_of_4_gpus_with_the_labs_accounts() -> None:
+    spec = cluster.load(DDL256, LAB_RAM_MB)
+    lab = cluster.load(LAB, LAB_RAM_MB)
+    gpu_nodes = [n for n in spec.nodes if n.gpus]
+    assert len(gpu_nodes) == 64 and {n.gpus for n in gpu_nodes} == {4}
+    assert sum(n.gpus for n in spec.nodes) == 256
+    assert [n.port for n in spec.nodes] == list(range(17001, 17001 + len(spec.nodes)))
+    assert spec.partition("gpu").nodes == tuple(n.name for n in gpu_nodes)
+    assert spec.tuning == "high_throughput" and spec.mode == "lab"
+    assert (spec.name, spec.accounts, spec.directory) == (lab.name, lab.accounts, lab.directory)
+    # Overcommitted (declared memory is never reserved), within the validator's bound.
+    assert LAB_RAM_MB < sum(n.memory_mb for n in spec.nodes) <= cluster.LAB_MEMORY_FACTOR * LAB_RAM_MB
+
+
+def test_lab_memory_may_overcommit_this_machine_up_to_four_times() -> None:
+    """The lab's 4 nodes declare 8 GiB: 2 GiB of RAM is enough, 2 GiB less 1 MiB is not."""
+    assert cluster.parse(lab_data(), 2048).nodes
+    with pytest.raises(ConfigError) as err:
+        cluster.parse(lab_data(), 2047)
+    assert str(err.value) == (
+        "nodes.memory_mb: the 4 lab nodes declare 8192 MiB together, more than 4 x this "
+        "machine's 2047 MiB (MemTotal), where mode lab runs them all; allowed: at most 8188 "
+        "MiB in all")
+
+
+def test_hosts_memory_is_never_compared_with_this_machine() -> None:
+    assert cluster.load(EXAMPLE, 1).nodes  # each host has its own memory
+
+
+def test_machine_memory_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemFree:  1000 kB\nMemTotal:       24684096 kB\n")
+    assert cluster.machine_memory_mb(meminfo) == 24105
+    meminfo.write_text("MemTotal: lots\n")
+    assert cluster.machine_memory_mb(meminfo) is None
+    assert cluster.machine_memory_mb(tmp_path / "absent") is None
+
+
+def write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "cluster.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_cli_refuses_a_lab_far_beyond_this_machines_memory(tmp_path: Path) -> None:
+    if cluster.machine_memory_mb() is None:
+        pytest.skip("this machine does not report MemTotal")
+    data = edit("nodes.0.count", 1024)
+    data["nodes"][0]["memory_mb"] = 64 << 20  # 1024 nodes x 64 TiB: beyond any machine
+    bad = write(tmp_path, data)
+    before = bad.read_bytes()
+    result = run_cli("cluster", "validate", "--json", str(bad))
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("pyhpc: error: nodes.memory_mb: the 1026 lab nodes declare "
+                               "68719480832 MiB together, more than 4 x this machine's ")
+    assert "(MemTotal), where mode lab runs them all; allowed: at most " in lines[0]
+    assert bad.read_bytes() == before
+
+
+def test_cli_refuses_lab_ports_past_65535(tmp_path: Path) -> None:
+    data = edit("lab.slurmd_base_port", 65000)
+    data["nodes"] = [{"name": "cpu", "count": 1000, "cpus": 1, "memory_mb": 1}]
+    data["partitions"] = [{"name": "cpu", "nodes": ["cpu1"]}]
+    bad = write(tmp_path, data)
+    before = bad.read_bytes()
+    result = run_cli("cluster", "validate", "--json", str(bad))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "pyhpc: error: lab.slurmd_base_port: 65000 + 1000 nodes goes past port 65535 (the last "
+        "node would get 65999); allowed: 1024 to 64536"]
+    assert bad.read_bytes() == before

@@ -150,7 +150,11 @@ def edited(**changes: Any) -> dict[str, Any]:
     ({"accounts__0__users": ["root", "root"]}, r"^accounts\[0\]\.users\[1\]: duplicate name"),
     ({"nodes__0__count": 1_000_000_000}, r"^nodes\[0\]\.count: must be an integer from 1 to 1024"),
     ({"nodes__1__gpus": 1_000_000}, r"^nodes\[1\]\.gpus: must be an integer from 0 to 16"),
-    ({"lab": {"slurmd_base_port": 65534}}, r"^lab\.slurmd_base_port: 65534 \+ 2 nodes goes past"),
+    ({"lab": {"slurmd_base_port": 65534}},
+     r"^lab\.slurmd_base_port: 65534 \+ 4 nodes goes past port 65535 \(the last node would get "
+     r"65537\); allowed: 1024 to 65532$"),
+    ({"nodes__0__count": 1024, "nodes__0__memory_mb": 64 << 20},
+     r"^nodes\.memory_mb: the 1026 lab nodes declare 68719480832 MiB together, more than 4 x "),
     ({"lab": {"slurmd_base_port": 70000}}, r"^lab\.slurmd_base_port: must be an integer from 1024"),
 ])
 def test_4_to_7_definition_values_that_would_rewrite_configs_are_refused(changes, message) -> None:

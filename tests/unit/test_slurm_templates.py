@@ -27,13 +27,31 @@ HOSTS = {
     "hostlab": {"slurm_controller_hostname": "ctl", "slurm_dbd_hostname": "db",
                 "slurm_lab_hostname": "unused", "slurm_version": "24.11.5"},
 }
+#: Golden directory (tests/golden/slurm/<case>) -> inventory, definition file, keys replaced.
+#: tuning: high_throughput is golden on both Slurm versions: ddl256 (lab, 22.05) and the
+#: example cluster with the tuning switched on (24.11).
+CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "lab": ("lab", "cluster.yml", {}),
+    "example": ("example", "cluster.yml", {}),
+    "hostlab": ("hostlab", "cluster.yml", {}),
+    "ddl256": ("lab", "ddl256.yml", {}),
+    "example-high-throughput": ("example", "cluster.yml", {"tuning": "high_throughput"}),
+}
+#: The RAM a lab definition is checked against here: the lab machine's 24 GiB, so goldens
+#: do not depend on the machine the tests run on.
+RAM_MB = 24 * 1024
 
 
-def context(inventory: str) -> dict[str, Any]:
+def definition(case: str) -> dict[str, Any]:
+    inventory, file, changes = CASES[case]
+    return {**yaml.safe_load((INVENTORIES / inventory / file).read_text()), **changes}
+
+
+def context(case: str) -> dict[str, Any]:
     defaults = yaml.safe_load(DEFAULTS.read_text())
     ctx = {k: v for k, v in defaults.items() if not (isinstance(v, str) and "{{" in v)}
-    ctx.update(HOSTS[inventory])
-    ctx["slurm_cluster"] = cluster.load(INVENTORIES / inventory / "cluster.yml").to_dict()
+    ctx.update(HOSTS[CASES[case][0]])
+    ctx["slurm_cluster"] = cluster.parse(definition(case), RAM_MB).to_dict()
     ctx["slurm_dbd_db_password"] = "GOLDEN-PLACEHOLDER"
     return ctx
 
@@ -44,10 +62,10 @@ def render(name: str, ctx: dict[str, Any]) -> str:
     return env.get_template(f"{name}.j2").render(**ctx)
 
 
-@pytest.mark.parametrize("inventory", sorted(HOSTS))
+@pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("name", FILES)
-def test_template_matches_golden(golden, inventory: str, name: str) -> None:
-    golden.check(f"slurm/{inventory}/{name}", render(name, context(inventory)))
+def test_template_matches_golden(golden, case: str, name: str) -> None:
+    golden.check(f"slurm/{case}/{name}", render(name, context(case)))
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -61,6 +79,16 @@ def test_lab_runs_one_slurmd_per_node_on_its_own_port() -> None:
         assert f"NodeName={node.name} NodeHostname=labhost NodeAddr=127.0.0.1 Port={node.port} " in conf
     assert "SlurmdPidFile=/run/slurmd-%n.pid" in conf
     assert "SlurmdParameters=config_overrides" in conf
+
+
+def test_lab_confines_jobs_with_the_cgroup_plugins_of_real_hosts() -> None:
+    """The lab tracks and confines jobs as hosts do (cgroup v1, one tree per slurmd -N)."""
+    for case in ("lab", "hostlab"):
+        conf = render("slurm.conf", context(case))
+        assert "ProctrackType=proctrack/cgroup" in conf and "linuxproc" not in conf
+        assert "TaskPlugin=task/cgroup,task/affinity" in conf
+    lab, hosts = (render("cgroup.conf", context(case)).splitlines()[2:] for case in ("lab", "hostlab"))
+    assert lab == hosts and "ConstrainDevices=yes" in lab and "ConstrainRAMSpace=yes" in lab
 
 
 def test_gpu_nodes_use_nvml_or_explicit_files() -> None:
@@ -83,3 +111,54 @@ def test_templates_follow_the_installed_slurm_version(version: str, crypto: bool
     assert ("CryptoType=crypto/munge" in conf) is crypto
     assert f"SlurmctldPidFile={ctld_pid}\n" in conf
     assert f"PidFile={dbd_pid}\n" in render("slurmdbd.conf", ctx)
+
+
+#: What tuning: high_throughput sets; tuning: default sets none of it.
+TUNED = ("MaxJobCount=", "MinJobAge=", "MessageTimeout=", "PriorityType=",
+         "JobAcctGatherType=jobacct_gather/none", "SlurmctldDebug=", "SlurmdDebug=",
+         "SchedulerParameters=", "CommitDelay=")
+
+
+@pytest.mark.parametrize("inventory", sorted(HOSTS))
+def test_default_tuning_renders_what_it_did_before_tuning_existed(golden, inventory: str) -> None:
+    """tuning: default, written out or left out, is byte for byte the golden of before."""
+    for changes in ({}, {"tuning": "default"}):
+        ctx = context(inventory)
+        ctx["slurm_cluster"] = cluster.parse({**definition(inventory), **changes},
+                                             RAM_MB).to_dict()
+        for name in ("slurm.conf", "slurmdbd.conf"):
+            text = render(name, ctx)
+            golden.check(f"slurm/{inventory}/{name}", text)
+            assert not [line for line in text.splitlines() if line.startswith(TUNED)]
+
+
+@pytest.mark.parametrize("inventory", sorted(HOSTS))
+def test_high_throughput_only_adds_settings(inventory: str) -> None:
+    """Every line of the default slurm.conf stays, except the job accounting plugin it
+    replaces; each added setting has a comment line above it."""
+    default = render("slurm.conf", context(inventory)).splitlines()
+    ctx = context(inventory)
+    ctx["slurm_cluster"] = {**ctx["slurm_cluster"], "tuning": "high_throughput"}
+    tuned = render("slurm.conf", ctx).splitlines()
+    kept = [line for line in default if not line.startswith("JobAcctGatherType=")]
+    rest = iter(tuned)
+    assert all(line in rest for line in kept)  # in the same order
+    added = [line for line in tuned if line not in default and not line.startswith("#")]
+    assert sorted(line.split("=", 1)[0] for line in added) == sorted(
+        t.split("=", 1)[0] for t in TUNED if t != "CommitDelay=")
+    for line in added:
+        assert tuned[tuned.index(line) - 1].startswith("#"), line
+
+
+@pytest.mark.parametrize(("version", "defer"), [("22.05.8", None), ("23.11.1", "defer_batch"),
+                                                ("24.11.5", "defer_batch")])
+def test_high_throughput_defers_only_batch_jobs(version: str, defer: str | None) -> None:
+    """defer_batch (23.02+) batches sbatch jobs and leaves srun immediate; 22.05 has only
+    defer, which would delay srun too, so it gets neither."""
+    ctx = {**context("ddl256"), "slurm_version": version}
+    params = next(line for line in render("slurm.conf", ctx).splitlines()
+                  if line.startswith("SchedulerParameters="))
+    options = params.split("=", 1)[1].split(",")
+    assert "defer" not in options
+    assert ("defer_batch" in options) is (defer is not None)
+    assert "default_queue_depth=272" in options  # ddl256: 68 nodes x 4 CPUs
