@@ -58,11 +58,16 @@ def packages() -> list[str]:
     return names
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+def timed(argv: list[str], env: dict[str, str] | None = None,
+          timeout: float | None = None) -> tuple[float, str]:
     """Run a command (output to our stdout and captured), return wall seconds and output."""
     print(f"$ {' '.join(argv)}", flush=True)
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"bench: {' '.join(argv)} took over {timeout} s") from None
     wall = time.monotonic() - start
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:

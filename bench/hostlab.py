@@ -29,12 +29,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+# bench/ is no package: its scripts share code as modules beside each other.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import deploy  # noqa: E402
+from deploy import ROLE_TIME, changed_tasks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STOCK = ROOT / "ansible" / "inventories" / "hostlab"
@@ -51,8 +55,6 @@ STEP_TIMEOUT_S = 1800
 PROFILE = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_roles"}
 RECAP_LINE = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
                         re.M)
-ROLE_TIME = re.compile(r"^(\S+) -+ (\d+\.\d+)s$", re.M)
-TASK = re.compile(r"^TASK \[(.+?)\] \**$", re.M)
 IMAGE_LINE = re.compile(r"image (built|cached) in (\d+(?:\.\d+)?) s")
 UP_LINE = re.compile(r"hosts up in (\d+(?:\.\d+)?) s \(containers (\d+(?:\.\d+)?) s, "
                      r"then systemd (\d+(?:\.\d+)?) s\)")
@@ -103,13 +105,6 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     keys = ("ok", "changed", "unreachable", "failed")
     return {host: dict(zip(keys, map(int, counts), strict=True))
             for host, *counts in RECAP_LINE.findall(tail[1])}
-
-
-def changed_tasks(output: str) -> list[str]:
-    """Names of the tasks that reported a change (as bench/deploy.py)."""
-    parts = TASK.split(output)
-    return [name for name, body in zip(parts[1::2], parts[2::2], strict=True)
-            if re.search(r"^changed: ", body, re.M)]
 
 
 def image_step(output: str) -> dict[str, Any]:
@@ -213,23 +208,11 @@ RESTORE = [[*HOSTLAB, "down"], ["make", "--no-print-directory", "hostlab-up"],
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
-    """Run a command from the repository root; wall seconds and its output (exit on failure)."""
+    """bench/deploy.py's timed(), with the inventory named and a limit per step."""
     inventory = env.get("HOSTLAB_INVENTORY")
-    print(f"$ {'HOSTLAB_INVENTORY=' + inventory + ' ' if inventory else ''}{' '.join(argv)}",
-          flush=True)
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                              check=False, timeout=STEP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise SystemExit(f"bench: {' '.join(argv)} took over {STEP_TIMEOUT_S} s") from None
-    wall = time.monotonic() - start
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        sys.stdout.write(out[-4000:])
-        raise SystemExit(f"bench: {' '.join(argv)} exited {proc.returncode}")
-    print(f"  {wall:.1f} s", flush=True)
-    return wall, out
+    if inventory:
+        print(f"  (HOSTLAB_INVENTORY={inventory})", flush=True)
+    return deploy.timed(argv, env, timeout=STEP_TIMEOUT_S)
 
 
 def bench_hosts(n: int, inventory: Path) -> dict[str, Any]:

@@ -7,20 +7,17 @@ neither.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from pyhpc import paths
+# pytest puts tests/unit on sys.path (no package).
+from roleplay import ANSIBLE, extra, results, run_playbook, skip_if_present
 
-BIN = Path(sys.executable).parent
-ANSIBLE = paths.ROOT / "ansible"
 FSTAB = Path("/etc/fstab")
 # What a real server run would write: none of it may exist after a check.
 WRITES = [Path("/etc/exports.d/pyhpc.exports"), Path("/etc/exports.d")]
@@ -57,33 +54,16 @@ def play(tmp_path: Path, inventory: Path, *args: str,
     if playbook is None:
         playbook = tmp_path / "play.yml"
         playbook.write_text(PLAYBOOK)
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "--check", "--diff", *args,
-                           str(playbook)], capture_output=True, text=True, env=env, timeout=180, check=False)
-    return proc, json.loads(proc.stdout)
-
-
-def results(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Task name (without its role) -> localhost's result, over every play."""
-    return {task["task"]["name"].split(" : ", 1)[-1]: task["hosts"]["localhost"]
-            for p in report["plays"] for task in p["tasks"] if "localhost" in task["hosts"]}
+    return run_playbook(inventory, playbook, "--check", "--diff", *args, timeout=180)
 
 
 def failed(report: dict[str, Any]) -> list[tuple[str, str]]:
     return [(name, r["msg"]) for name, r in results(report).items() if r.get("failed")]
 
 
-def extra(**values: Any) -> list[str]:
-    return ["-e", json.dumps(values)]
-
-
 @pytest.fixture(autouse=True)
 def nothing_written_before() -> None:
-    present = [str(p) for p in WRITES if p.exists()]
-    if present:
-        pytest.skip(f"this machine already has the role's files: {present}")
+    skip_if_present(WRITES)
 
 
 @pytest.fixture

@@ -7,20 +7,17 @@ installed: the runs that pass preflight use ``--check``.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from pyhpc import paths
+# pytest puts tests/unit on sys.path (no package).
+from roleplay import ANSIBLE, extra, results, run_playbook, skip_if_present
 
-BIN = Path(sys.executable).parent
-ANSIBLE = paths.ROOT / "ansible"
 REAL_PCI = Path("/sys/bus/pci/devices")
 NO_GPU = "has no NVIDIA GPU (no PCI device of vendor 0x10de with a display or 3D class in"
 # What the role would write: none of it may exist after a run that stops or checks.
@@ -69,29 +66,12 @@ def play(tmp_path: Path, *args: str, playbook: Path | None = None,
         inventory = tmp_path / "hosts"
         inventory.write_text("localhost ansible_connection=local"
                              " ansible_python_interpreter=/usr/bin/python3\n")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args, str(playbook)],
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
-    return proc, json.loads(proc.stdout)
-
-
-def results(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Task name (without its role) -> localhost's result, over every play."""
-    return {task["task"]["name"].split(" : ", 1)[-1]: task["hosts"]["localhost"]
-            for p in report["plays"] for task in p["tasks"] if "localhost" in task["hosts"]}
-
-
-def extra(**values: Any) -> list[str]:
-    return ["-e", json.dumps(values)]
+    return run_playbook(inventory, playbook, *args)
 
 
 @pytest.fixture(autouse=True)
 def nothing_written_before() -> None:
-    present = [str(p) for p in WRITES if p.exists()]
-    if present:
-        pytest.skip(f"this machine already has the role's files: {present}")
+    skip_if_present(WRITES)
 
 
 def test_host_without_nvidia_gpu_stops_with_one_message_and_installs_nothing(tmp_path: Path) -> None:

@@ -1,0 +1,49 @@
+"""Running one role's playbook on this machine for the role tests (nvidia, nfs).
+
+ansible-playbook from this venv with the repository's ansible.cfg and the
+ansible.posix.json callback, so a test reads each task's result, not log text.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyhpc import paths
+
+BIN = Path(sys.executable).parent
+ANSIBLE = paths.ROOT / "ansible"
+
+
+def run_playbook(inventory: Path, playbook: Path, *args: str,
+                 timeout: int = 120) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """ansible-playbook -i INVENTORY ARGS PLAYBOOK; the process and its JSON report."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"),
+               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args, str(playbook)],
+                          capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    return proc, json.loads(proc.stdout)
+
+
+def results(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Task name (without its role) -> localhost's result, over every play."""
+    return {task["task"]["name"].split(" : ", 1)[-1]: task["hosts"]["localhost"]
+            for p in report["plays"] for task in p["tasks"] if "localhost" in task["hosts"]}
+
+
+def extra(**values: Any) -> list[str]:
+    return ["-e", json.dumps(values)]
+
+
+def skip_if_present(writes: Iterable[Path]) -> None:
+    """The tests assert the role wrote nothing: they cannot where its files already exist."""
+    present = [str(p) for p in writes if p.exists()]
+    if present:
+        pytest.skip(f"this machine already has the role's files: {present}")
