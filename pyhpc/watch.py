@@ -2,12 +2,16 @@
 
 Watching polls squeue: slurmctld answers at once, knows every live job and array
 task, and keeps finished jobs with their final state for MinJobAge (300 s by
-default), far longer than a poll interval. sacct is for one-off queries of older
-jobs: the accounting database lags, and array tasks appear in it only when they
-start, so it can make an array look finished early. Progress counts array tasks;
-a job's state is the least finished of its tasks' states until every task has
-finished. A job Slurm says can never start (a time limit above the partition's,
-say) stops the watch with that reason.
+default, 60 s under ``tuning: high_throughput``), which a long --interval can
+outlast. So a job or task that left squeue before it was seen finished (or was never
+seen) is looked up in ONE sacct call for just those jobs; if sacct does not know it
+either, it keeps its last state seen (FINISHED if never seen), and is FINISHED after
+two polls in a row in neither, so a watch never hangs on it. sacct alone is for one-off
+queries of older jobs: the accounting database lags, and array tasks appear in it only
+when they start, so it can make an array look finished early. Progress counts array
+tasks; a job's state is the least finished of its tasks' states until every task has
+finished. A job Slurm says can never start (a time limit above the partition's, say)
+stops the watch with that reason.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TextIO
 
 from pyhpc import slurm, validate
@@ -31,6 +35,10 @@ SOURCES = ("sacct", "squeue")
 INTERVAL_BOUNDS = (0.1, 3600.0)
 #: --timeout of a wait, in seconds: 0 (one look) to 30 days.
 TIMEOUT_BOUNDS = (0.0, 30 * 86400.0)
+#: Polls in a row a job or task left squeue unfinished and sacct does not know it: then FINISHED.
+ABSENT_POLLS = 2
+#: A job or array task in the tracker: (job id, task id, or None for a plain job).
+Key = tuple[str, str | None]
 
 
 class WatchError(PyhpcError):
@@ -59,47 +67,119 @@ def _merge(states: Sequence[str]) -> str:
     return bad[0] if bad else "COMPLETED"
 
 
+def _key(job_id: str) -> Key:
+    """``123`` is (123, None), ``123_4`` is (123, 4)."""
+    base, _, task = job_id.partition("_")
+    return base, task or None
+
+
+def _by_job(keys: Iterable[Key]) -> dict[str, list[Key]]:
+    """Keys grouped by job id: finding one job's keys scans only them."""
+    out: dict[str, list[Key]] = {}
+    for key in keys:
+        out.setdefault(key[0], []).append(key)
+    return out
+
+
+def _pick(job_id: str, by_job: dict[str, list[Key]]) -> list[Key]:
+    """The keys of ``job_id`` (a job, or one task such as ``123_4``) in ``by_job``."""
+    base, task = _key(job_id)
+    return [k for k in by_job.get(base, []) if task is None or k[1] == task]
+
+
+def _in_range(key: Key) -> bool:
+    """A task of a pending array range (``7_[2-5%2]``): its key is ``('7', '2-5%2#0')``."""
+    return key[1] is not None and "#" in key[1]
+
+
+def _lost(old: dict[Key, str], new: set[Key]) -> bool:
+    """Whether tasks last seen in states ``old`` left squeue unfinished, now it shows ``new``."""
+    if not new:
+        return not old or any(s not in TERMINAL for s in old.values())
+    real = {k for k in old if not _in_range(k)}
+    # Fewer tasks than before: some left a pending range, ran and left squeue unseen.
+    return len(new | real) < len(old) or any(old[k] not in TERMINAL for k in real - new)
+
+
 class Tracker:
     """The last known state of every job and array task seen while watching.
 
-    squeue forgets finished jobs after MinJobAge: a job or task gone from it keeps
-    the last state seen; a job never seen is UNKNOWN (sacct) or FINISHED (squeue).
+    squeue forgets finished jobs after MinJobAge: a job or task gone from it before it
+    was seen finished gets its state from sacct, else keeps the last state seen (FINISHED
+    after ABSENT_POLLS polls); a job never seen is UNKNOWN (sacct) or FINISHED (squeue).
     """
 
     def __init__(self, ids: Sequence[str], source: str) -> None:
         if source not in SOURCES:
             raise WatchError(f"source: {source!r} is not allowed; allowed: {', '.join(SOURCES)}")
         self.ids, self.source = list(ids), source
-        self.tasks: dict[tuple[str, str | None], slurm.JobRow] = {}
+        self.unseen = "FINISHED" if source == "squeue" else UNKNOWN
+        self.tasks: dict[Key, slurm.JobRow] = {}
+        self.absent: Counter[Key] = Counter()
 
     def poll(self) -> None:
-        rows = (slurm.queue if self.source == "squeue" else slurm.accounting)(self.ids)
-        seen_now = {(r.job_id, r.task) for r in rows}
-        for key in [k for k in self.tasks if k[1] is not None and "#" in k[1]]:
-            if key[0] in {r.job_id for r in rows} and key not in seen_now:
-                del self.tasks[key]  # a pending range split into real tasks
+        """One squeue call, and one sacct call for the jobs that left it unfinished, if any."""
+        if self.source == "sacct":
+            self._update(slurm.accounting(self.ids))
+            return
+        rows = slurm.queue(self.ids)
+        seen = {(r.job_id, r.task) for r in rows}
+        gone = self._vanished(seen)
+        found = self._final(gone, rows) if gone else []
+        self._update(rows + found)
+        self._settle(gone, seen | {(r.job_id, r.task) for r in found})
+
+    def _update(self, rows: Sequence[slurm.JobRow]) -> None:
+        keys, jobs = {(r.job_id, r.task) for r in rows}, {r.job_id for r in rows}
+        for key in [k for k in self.tasks if _in_range(k) and k[0] in jobs and k not in keys]:
+            del self.tasks[key]  # a pending range split into real tasks
         for row in rows:
             self.tasks[(row.job_id, row.task)] = row
 
-    def _rows(self, job_id: str) -> list[slurm.JobRow]:
-        base = job_id.split("_")[0]
-        task = job_id.partition("_")[2] or None
-        return [r for (j, t), r in self.tasks.items() if j == base and (task is None or t == task)]
+    def _vanished(self, seen: set[Key]) -> list[str]:
+        """Watched ids that left squeue, or some of whose tasks did, before seen finished."""
+        old, new = _by_job(self.tasks), _by_job(seen)
+        return [jid for jid in self.ids if _lost(
+            {k: self.tasks[k].state for k in _pick(jid, old)}, set(_pick(jid, new)))]
+
+    def _final(self, gone: Sequence[str], rows: Sequence[slurm.JobRow]) -> list[slurm.JobRow]:
+        """sacct's rows for ``gone``, where squeue has nothing newer and no final state was seen."""
+        try:
+            found = slurm.accounting(gone)
+        except slurm.SlurmError:
+            return []  # accounting disabled or down: the states seen stand
+        seen, live = {(r.job_id, r.task) for r in rows}, {r.job_id for r in rows}
+        # Of a job still in squeue, only tasks: its pending range is squeue's, not sacct's.
+        return [r for r in found if (r.job_id, r.task) not in seen
+                and not (r.job_id in live and (r.task is None or _in_range((r.job_id, r.task))))
+                and self._unfinished((r.job_id, r.task))]
+
+    def _unfinished(self, key: Key) -> bool:
+        return key not in self.tasks or self.tasks[key].state not in TERMINAL
+
+    def _settle(self, gone: Sequence[str], known: set[Key]) -> None:
+        """Jobs and tasks of ``gone`` in neither squeue nor sacct are FINISHED after a while."""
+        index = _by_job(self.tasks)
+        stale = {k for jid in gone for k in _pick(jid, index)
+                 if k not in known and self._unfinished(k)}
+        stale |= {_key(jid) for jid in gone if not _pick(jid, index)}  # never seen
+        self.absent = Counter({k: self.absent[k] + 1 for k in stale})
+        for key in [k for k, polls in self.absent.items() if polls >= ABSENT_POLLS]:
+            self.tasks[key] = slurm.JobRow(*key, state="FINISHED")
+
+    def _rows(self) -> list[list[slurm.JobRow]]:
+        """Each watched id's rows: a plain job's one, or its array tasks'."""
+        index = _by_job(self.tasks)
+        return [[self.tasks[k] for k in _pick(jid, index)] for jid in self.ids]
 
     def states(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for jid in self.ids:
-            rows = self._rows(jid)
-            if rows:
-                out[jid] = _merge([r.state for r in rows])
-            else:
-                out[jid] = "FINISHED" if self.source == "squeue" else UNKNOWN
-        return out
+        return {jid: _merge([r.state for r in rows]) if rows else self.unseen
+                for jid, rows in zip(self.ids, self._rows(), strict=True)}
 
     def task_states(self) -> list[str]:
         """One state per task (a plain job is one task)."""
-        states = [r.state for jid in self.ids for r in self._rows(jid)]
-        return states + [s for s in self.states().values() if s in ("FINISHED", UNKNOWN)]
+        per_id = self._rows()
+        return [r.state for rows in per_id for r in rows] + [self.unseen for r in per_id if not r]
 
     def never_starts(self) -> dict[str, str]:
         """Jobs pending for a reason after which they can never start."""
@@ -113,7 +193,10 @@ class Tracker:
 
 
 def query(ids: Sequence[str], source: str = "sacct") -> dict[str, str]:
-    """States of ``ids`` from one Slurm call (UNKNOWN for ids Slurm does not know yet)."""
+    """States of ``ids`` from one Slurm call (UNKNOWN for ids Slurm does not know yet).
+
+    With squeue, one sacct call more for ids that have left its queue unfinished.
+    """
     tracker = Tracker(ids, source)
     tracker.poll()
     return tracker.states()

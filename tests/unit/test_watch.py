@@ -143,3 +143,99 @@ def test_missing_slurm_command_is_one_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(slurm, "RUNNER", missing)
     with pytest.raises(slurm.SlurmError, match=r"^squeue: command not found"):
         slurm.queue(["1"])
+
+
+def answer_in_turn(fake, tool: str, outputs: list[list[str]]) -> None:
+    """``tool`` answers with these rows, one list per call (a call more is an error)."""
+    answers = iter(outputs)
+    fake.answers[tool] = lambda argv: (0, "\n".join(next(answers)) + "\n")
+
+
+def test_a_job_gone_from_squeue_unfinished_gets_its_final_state_from_sacct(fake_slurm) -> None:
+    """MinJobAge (60 s under high_throughput) can be shorter than --interval."""
+    answer_in_turn(fake_slurm, "squeue", [["1|RUNNING", "2|PENDING", "3|RUNNING"], ["3|COMPLETED"]])
+    answer_in_turn(fake_slurm, "sacct", [["1|COMPLETED", "1.batch|COMPLETED", "2|FAILED"]])
+    assert watch.watch(["1", "2", "3"], interval_s=0, quiet=True) == {
+        "1": "COMPLETED", "2": "FAILED", "3": "COMPLETED"}
+    assert [c[0] for c in fake_slurm.calls] == ["squeue", "squeue", "sacct"]
+    assert fake_slurm.calls[-1][-2:] == ["-j", "1,2"]
+
+
+def test_a_job_never_seen_in_squeue_gets_its_state_from_sacct(fake_slurm) -> None:
+    answer_in_turn(fake_slurm, "squeue", [["5|RUNNING"]])
+    answer_in_turn(fake_slurm, "sacct", [["6|FAILED"]])
+    assert watch.query(["5", "6"], source="squeue") == {"5": "RUNNING", "6": "FAILED"}
+    assert fake_slurm.calls[-1][-2:] == ["-j", "6"]
+
+
+def test_a_poll_where_nothing_vanished_is_one_slurm_call(fake_slurm, monkeypatch) -> None:
+    """Finished jobs leaving squeue, and a pending range splitting, need no sacct."""
+    monkeypatch.setattr(slurm, "_json_ok", {"sacct": False})
+
+    def job(task: int | None, state: str, pending: str = "") -> dict:
+        return {"job_id": 70, "array_job_id": 7, "array_task_id": task,
+                "array_task_string": pending, "job_state": state, "state_reason": "None"}
+
+    plain = {"job_id": 8, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+             "job_state": "COMPLETED", "state_reason": "None"}
+    polls = iter([[job(0, "RUNNING"), job(None, "PENDING", "1-3%2"), plain],
+                  [job(0, "RUNNING"), job(1, "RUNNING"), job(None, "PENDING", "2-3%2")]])
+    fake_slurm.answers["squeue"] = lambda argv: (0, json.dumps({"jobs": next(polls)}))
+    tracker = watch.Tracker(["7", "8"], "squeue")
+    tracker.poll()
+    tracker.poll()
+    assert [c[0] for c in fake_slurm.calls] == ["squeue", "squeue"]
+    assert tracker.states() == {"7": "RUNNING", "8": "COMPLETED"}
+    assert sorted(tracker.task_states()) == ["COMPLETED"] + ["PENDING"] * 2 + ["RUNNING"] * 2
+
+
+def test_a_job_in_neither_squeue_nor_sacct_is_finished_after_two_polls(fake_slurm) -> None:
+    """Accounting lag or no accounting: the last state stands a poll, then the watch ends."""
+    answer_in_turn(fake_slurm, "squeue", [["5|RUNNING"], [], []])
+    fake_slurm.answers["sacct"] = (0, "")
+    assert watch.watch(["5"], interval_s=0, quiet=True) == {"5": "FINISHED"}
+    assert [c[0] for c in fake_slurm.calls] == ["squeue", "squeue", "sacct", "squeue", "sacct"]
+
+
+def test_ids_unknown_to_squeue_and_sacct_are_asked_about_twice_at_most(fake_slurm) -> None:
+    answer_in_turn(fake_slurm, "squeue", [["5|RUNNING"], [], [], []])
+    fake_slurm.answers["sacct"] = (0, "")
+    tracker = watch.Tracker(["5", "6"], "squeue")
+    for states in ({"5": "RUNNING", "6": "FINISHED"}, {"5": "RUNNING", "6": "FINISHED"},
+                   {"5": "FINISHED", "6": "FINISHED"}, {"5": "FINISHED", "6": "FINISHED"}):
+        tracker.poll()
+        assert tracker.states() == states
+    assert [c[-1] for c in fake_slurm.calls if c[0] == "sacct"] == ["6", "5,6", "5"]
+    assert fake_slurm.calls[-1][0] == "squeue" and len(tracker.task_states()) == 2
+
+
+def test_sacct_refusing_counts_as_not_knowing_the_job(fake_slurm) -> None:
+    answer_in_turn(fake_slurm, "squeue", [["5|RUNNING"], [], []])
+    fake_slurm.answers["sacct"] = (1, "", "Slurm accounting storage is disabled")
+    tracker = watch.Tracker(["5"], "squeue")
+    for state in ("RUNNING", "RUNNING", "FINISHED"):
+        tracker.poll()
+        assert tracker.states() == {"5": state}
+
+
+def test_array_tasks_gone_from_squeue_merge_with_their_sacct_states(fake_slurm, monkeypatch) -> None:
+    """Tasks 1 and 2 leave the pending range, run and leave squeue between two polls;
+    sacct's staler rows for what squeue still shows (task 3, a range) are ignored."""
+    monkeypatch.setattr(slurm, "_json_ok", {"sacct": False})
+
+    def task(n: int | None, state: str, pending: str = "") -> dict:
+        return {"job_id": 70 + (n or 0), "array_job_id": 7, "array_task_id": n,
+                "array_task_string": pending, "job_state": state, "state_reason": "None"}
+
+    polls = iter([[task(0, "RUNNING"), task(None, "PENDING", "1-3")], [task(3, "RUNNING")],
+                  [task(3, "COMPLETED")]])
+    fake_slurm.answers["squeue"] = lambda argv: (0, json.dumps({"jobs": next(polls)}))
+    answer_in_turn(fake_slurm, "sacct", [["7_0|COMPLETED", "7_1|FAILED", "7_2|COMPLETED",
+                                          "7_3|PENDING", "7_[4-5]|PENDING"]])
+    tracker = watch.Tracker(["7"], "squeue")
+    tracker.poll()
+    tracker.poll()
+    assert sorted(tracker.task_states()) == ["COMPLETED", "COMPLETED", "FAILED", "RUNNING"]
+    tracker.poll()
+    assert tracker.states() == {"7": "FAILED"}
+    assert [c[0] for c in fake_slurm.calls] == ["squeue", "squeue", "sacct", "squeue"]
