@@ -74,6 +74,9 @@ bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages
 bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-run on 1-8 compute hosts (~30 min; restores it).
 	$(PY) bench/hostlab.py
 
+bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-up): bench/results/scale.json, docs/scale-*.png (~30 min; redeploys the lab).
+	$(PY) bench/scale.py
+
 bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<name>.json.
 	/opt/pyhpc/venv/bin/python bench/containers.py --from-scratch
 	$(PY) bench/jobs.py

@@ -88,3 +88,25 @@ def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: clus
         "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu",
         "--time=00:10:00", "--", "ok.sh"]
     assert job.job_id == "4243"
+
+
+def test_submit_array_is_one_sbatch_for_all_items(fake_sbatch: Path, lab: cluster.Cluster) -> None:
+    jobs = pyhpc.submit_array(abs, list(range(-5, 5)), partition="cpu", cluster=lab,
+                              parallelism=3, folder="arr/%j")
+    (call,) = [c for c in fake_sbatch.read_text().splitlines() if c.startswith("sbatch")]
+    script = Path(call.split()[-1]).read_text()
+    assert "#SBATCH --array=0-9%3" in script
+    assert [j.job_id for j in jobs] == [f"4243_{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"items": []}, "items: nothing to submit"),
+    ({"items": [1], "parallelism": 0}, "parallelism: must be a number from 1 to 100000"),
+    ({"items": [1], "nodes": 0}, "nodes"),
+])
+def test_submit_array_refuses_bad_input_before_sbatch(kwargs, message, fake_sbatch: Path,
+                                                      lab: cluster.Cluster) -> None:
+    with pytest.raises(SubmitError if "items" in message or "parallelism" in message
+                       else JobSpecError, match=message):
+        pyhpc.submit_array(abs, cluster=lab, folder="arr/%j", **kwargs)
+    assert not fake_sbatch.exists()

@@ -1,0 +1,535 @@
+"""Benchmark how pyhpc's and Slurm's costs grow with the cluster (issue 12): `make bench-scale`.
+
+On the single-host lab, in one run, each figure side by side with its baseline:
+
+deploy      fresh deploy and idempotent re-run of definitions with 4, 16 and 64 emulated
+            GPU nodes (4 stand-in GPUs each); memory per slurmd at each size
+srun        `srun -N k true` for k = 1, 4, 16, 64 on the 64-node definition (median of 5)
+submit      1,000 jobs four ways into a DOWN partition (accepted, never started, so only
+            the client and slurmctld's intake are timed): `pyhpc submit` in a loop,
+            pyhpc.submit_array (one batch), a raw `sbatch` loop, one `--array=0-999`
+complete    1,000 trivial array tasks from submit to all COMPLETED in sacct, with
+            `tuning: high_throughput` and without
+status      `pyhpc status` on 100 and 1,000 queued jobs: Slurm calls per poll, latency
+ddp         time to rank 0's first optimizer step of `pyhpc train` on 1, 2, 4, 8 nodes,
+            broken into queue wait, launch, interpreter+imports, rendezvous and first
+            step, next to a bare torch.distributed hello world (bench/ddp_hello.py)
+
+Writes bench/results/scale.json and docs/scale-*.png. Takes the lab for about 30
+minutes and redeploys the stock lab at the end (also when a step fails).
+
+    python bench/scale.py                   # everything
+    python bench/scale.py --parts srun,ddp  # some parts (those that need 64 nodes deploy it)
+    python bench/scale.py --plot            # redraw the plots from the JSON
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from deploy import RECAP, changed_tasks, timed  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT = ROOT / "bench" / "results" / "scale.json"
+DOCS = ROOT / "docs"
+LARGE = ROOT / "ansible" / "inventories" / "lab" / "ddl256.yml"
+PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
+JOB_PYTHON = "/opt/pyhpc/venv/bin/python"
+PARTS = ("deploy", "srun", "submit", "complete", "status", "ddp")
+NODE_COUNTS = (4, 16, 64)
+SRUN_NODES = (1, 4, 16, 64)
+DDP_NODES = (1, 2, 4, 8)
+JOBS = 1000
+BENCH_PARTITION = "gpu"
+DEPLOY_TIMEOUT_S = 1800.0
+
+
+# ---------------------------------------------------------------- pure parts (unit-tested)
+
+def definition(nodes: int, tuning: bool = True, large: Path = LARGE) -> dict[str, Any]:
+    """The large definition cut to ``nodes`` GPU nodes (its 4 CPU nodes kept)."""
+    doc = yaml.safe_load(large.read_text())
+    out = copy.deepcopy(doc)
+    for group in out["nodes"]:
+        if group["name"] == "gpu":
+            group["count"] = nodes
+    for part in out["partitions"]:
+        if part["name"] == "gpu":
+            part["nodes"] = [f"gpu{i}" for i in range(1, nodes + 1)]
+    if not tuning:
+        out.pop("tuning", None)
+    return out
+
+
+def ratio(value: float, base: float) -> float | None:
+    return round(value / base, 3) if base else None
+
+
+def growth(points: dict[int, float]) -> float | None:
+    """Least-squares slope of log(cost) on log(size): 1 is linear, below 1 sublinear."""
+    pts = [(float(k), v) for k, v in sorted(points.items()) if v > 0]
+    if len(pts) < 2:
+        return None
+    import math
+
+    xs = [math.log(k) for k, _ in pts]
+    ys = [math.log(v) for _, v in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return round(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den, 3) if den else None
+
+
+def phases(marks: list[dict[str, float]], submit: float, start: float) -> dict[str, float]:
+    """Seconds of each phase to rank 0's first step, from Slurm's submit and start times
+    and every rank's marks (the slowest rank bounds launch, imports and rendezvous)."""
+    first = min(marks, key=lambda m: m.get("rank", 0))
+    launched = max(m["process_start"] for m in marks)
+    imported = max(m["imported"] for m in marks)
+    met = max(m["rendezvous_done"] for m in marks)
+    return {
+        "queue_wait_s": round(start - submit, 3),
+        "launch_s": round(launched - start, 3),
+        "interpreter_and_imports_s": round(imported - launched, 3),
+        "rendezvous_s": round(met - imported, 3),
+        "first_step_s": round(first["first_step"] - met, 3),
+        "total_s": round(first["first_step"] - submit, 3),
+    }
+
+
+def rate(jobs: int, seconds: float) -> float:
+    return round(jobs / seconds, 2) if seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------- lab steps
+
+def sh(argv: list[str], check: bool = True, **kw: Any) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"bench: {' '.join(argv[:6])} exited {proc.returncode}: "
+                         f"{proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def deploy(cluster_file: Path) -> tuple[float, str]:
+    return timed(["make", "--no-print-directory", "deploy", f"CLUSTER={cluster_file}"],
+                 timeout=DEPLOY_TIMEOUT_S)
+
+
+def write_definition(work: Path, nodes: int, tuning: bool = True) -> Path:
+    path = work / f"scale-{nodes}{'' if tuning else '-untuned'}.yml"
+    path.write_text(yaml.safe_dump(definition(nodes, tuning), sort_keys=False))
+    return path
+
+
+def slurmd_memory() -> dict[str, Any]:
+    """Resident and proportional memory of the lab's slurmd daemons (by pid file: hostlab's
+    slurmd in containers are processes of this machine too)."""
+    nodes = Path("/etc/slurm/lab-nodes").read_text().split()
+    pids = [Path(f"/run/slurmd-{n}.pid").read_text().strip() for n in nodes]
+    rss, pss = [], []
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in rollup.splitlines()[1:]}
+        rss.append(fields["Rss"] / 1024)
+        pss.append(fields["Pss"] / 1024)
+    return {"slurmd": len(rss), "rss_mib_each": round(statistics.fmean(rss), 1) if rss else None,
+            "pss_mib_each": round(statistics.fmean(pss), 1) if pss else None,
+            "pss_mib_total": round(sum(pss), 1)}
+
+
+def wait_idle(nodes: int, timeout: float = 300.0) -> None:
+    """Until every node of the partition is idle (after a restart they register again)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = sh(["sinfo", "-h", "-N", "-p", BENCH_PARTITION, "-o", "%t"], check=False).split()
+        if len(states) == nodes and all(s == "idle" for s in states):
+            return
+        time.sleep(2)
+    raise SystemExit(f"bench: the {nodes} nodes of partition {BENCH_PARTITION} are not idle")
+
+
+def bench_deploy(work: Path) -> dict[str, Any]:
+    runs = []
+    for n in NODE_COUNTS:
+        path = write_definition(work, n)
+        sh(["make", "--no-print-directory", "-s", "undeploy"], cwd=ROOT)
+        fresh_s, _ = deploy(path)
+        rerun_s, out = deploy(path)
+        wait_idle(n)
+        runs.append({"nodes": n, "fresh_s": round(fresh_s, 1), "rerun_s": round(rerun_s, 1),
+                     "rerun_changed": [int(c) for c in RECAP.findall(out)],
+                     "rerun_changed_tasks": changed_tasks(out), "memory": slurmd_memory()})
+    base = runs[0]
+    for r in runs:
+        r["fresh_ratio"] = ratio(r["fresh_s"], base["fresh_s"])
+        r["rerun_ratio"] = ratio(r["rerun_s"], base["rerun_s"])
+    return {"runs": runs,
+            "growth": {"fresh": growth({r["nodes"]: r["fresh_s"] for r in runs}),
+                       "rerun": growth({r["nodes"]: r["rerun_s"] for r in runs})},
+            "target": "re-run on 64 nodes <= 2x the re-run on 4",
+            "met": runs[-1]["rerun_ratio"] is not None and runs[-1]["rerun_ratio"] <= 2.0,
+            "method": "make undeploy (daemons stopped, packages and state kept), then a deploy "
+                      "of the definition and a second one; nodes are GPU nodes plus 4 CPU nodes"}
+
+
+def bench_srun(reps: int = 5) -> dict[str, Any]:
+    rows = []
+    for k in SRUN_NODES:
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            sh(["srun", "-p", BENCH_PARTITION, "-N", str(k), "-n", str(k), "-t", "2", "true"])
+            samples.append(time.perf_counter() - start)
+        rows.append({"nodes": k, "samples_s": [round(s, 3) for s in samples],
+                     "median_s": round(statistics.median(samples), 3)})
+    for r in rows:
+        r["ratio"] = ratio(r["median_s"], rows[0]["median_s"])
+    return {"rows": rows, "growth": growth({r["nodes"]: r["median_s"] for r in rows})}
+
+
+def _partition(state: str) -> None:
+    sh(["scontrol", "update", f"PartitionName={BENCH_PARTITION}", f"State={state}"])
+
+
+def _cancel(name: str) -> None:
+    sh(["scancel", "-n", name], check=False)
+    deadline = time.monotonic() + 120
+    while sh(["squeue", "-h", "-n", name, "-o", "%i"], check=False).strip():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(1)
+
+
+def _noop(i: int) -> int:
+    return i
+
+
+def _submit_ways(work: Path, jobs: int) -> dict[str, tuple[float, int]]:
+    """Seconds and jobs accepted for each way of submitting ``jobs`` jobs."""
+    sys.path.insert(0, str(ROOT))
+    import pyhpc
+
+    out: dict[str, tuple[float, int]] = {}
+    base = ["-p", BENCH_PARTITION, "-o", "/dev/null", "-t", "1"]
+    start = time.perf_counter()
+    for _ in range(jobs):
+        sh(["sbatch", "--parsable", "-J", "bs-sbatch", *base, "--wrap", "true"])
+    out["sbatch_loop"] = (time.perf_counter() - start, jobs)
+    _cancel("bs-sbatch")
+    start = time.perf_counter()
+    for _ in range(jobs):
+        sh([PYHPC, "submit", "single", "--set", "command=true", "--partition", BENCH_PARTITION,
+            "--job-name", "bs-pyhpc", "--time", "00:01:00"], cwd=work)
+    out["pyhpc_submit_loop"] = (time.perf_counter() - start, jobs)
+    _cancel("bs-pyhpc")
+    start = time.perf_counter()
+    handles = pyhpc.submit_array(_noop, list(range(jobs)), partition=BENCH_PARTITION,
+                                 name="bs-api", time="00:01:00", folder=work / "api" / "%j")
+    out["pyhpc_submit_array"] = (time.perf_counter() - start, len(handles))
+    _cancel("bs-api")
+    start = time.perf_counter()
+    sh(["sbatch", "--parsable", "-J", "bs-array", f"--array=0-{jobs - 1}", *base, "--wrap", "true"])
+    out["sbatch_array"] = (time.perf_counter() - start, jobs)
+    _cancel("bs-array")
+    return out
+
+
+def bench_submit(work: Path, jobs: int = JOBS) -> dict[str, Any]:
+    _partition("DOWN")
+    try:
+        ways = _submit_ways(work, jobs)
+    finally:
+        _partition("UP")
+    base = rate(ways["sbatch_loop"][1], ways["sbatch_loop"][0])
+    rows = {k: {"jobs": n, "seconds": round(s, 2), "jobs_per_s": rate(n, s),
+                "ratio_to_sbatch_loop": ratio(rate(n, s), base)} for k, (s, n) in ways.items()}
+    return {"ways": rows, "target": "pyhpc client-side throughput >= 0.9x raw sbatch",
+            "method": f"{jobs} jobs each into partition {BENCH_PARTITION} set DOWN (queued, "
+                      "never started), cancelled between ways; pyhpc submit renders the single "
+                      "template and runs one process per job"}
+
+
+def _completed(job_id: str) -> tuple[int, int]:
+    out = sh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], check=False).split()
+    return sum(s == "COMPLETED" for s in out), len(out)
+
+
+def completion(jobs: int, timeout: float = 900.0) -> float:
+    start = time.perf_counter()
+    job_id = sh(["sbatch", "--parsable", "-J", "bs-complete", f"--array=0-{jobs - 1}",
+                 "-p", BENCH_PARTITION, "-o", "/dev/null", "-t", "1", "--wrap", "true"]).strip()
+    while _completed(job_id)[0] < jobs:
+        if time.perf_counter() - start > timeout:
+            raise SystemExit(f"bench: {jobs} jobs not COMPLETED after {timeout:.0f} s")
+        time.sleep(1)
+    return time.perf_counter() - start
+
+
+def bench_complete(work: Path, jobs: int = JOBS) -> dict[str, Any]:
+    rows = {}
+    for tuned in (False, True):
+        deploy(write_definition(work, NODE_COUNTS[-1], tuning=tuned))
+        wait_idle(NODE_COUNTS[-1])
+        seconds = completion(jobs)
+        rows["high_throughput" if tuned else "default"] = {
+            "seconds": round(seconds, 1), "jobs_per_s": rate(jobs, seconds)}
+    rows["high_throughput"]["ratio_to_default"] = ratio(rows["high_throughput"]["jobs_per_s"],
+                                                        rows["default"]["jobs_per_s"])
+    return {"jobs": jobs, "runs": rows,
+            "method": f"one --array=0-{jobs - 1} of `true`, from sbatch to all tasks COMPLETED "
+                      "in sacct (polled every second), on 64 GPU + 4 CPU emulated nodes"}
+
+
+def _poll_cost(ids: list[str], reps: int = 5) -> dict[str, Any]:
+    """Slurm processes per poll and seconds per poll of pyhpc's watcher, and of the CLI."""
+    sys.path.insert(0, str(ROOT))
+    from pyhpc import watch
+
+    spawned: list[str] = []
+    real = subprocess.Popen
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, args: Any, *a: Any, **kw: Any) -> None:
+            spawned.append(str(args[0]))
+            super().__init__(args, *a, **kw)
+
+    samples = []
+    subprocess.Popen = Counting  # type: ignore[misc]
+    try:
+        for _ in range(reps):
+            tracker = watch.Tracker(ids, "squeue")
+            start = time.perf_counter()
+            tracker.poll()
+            tracker.states()
+            samples.append(time.perf_counter() - start)
+    finally:
+        subprocess.Popen = real  # type: ignore[misc]
+    cli = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        sh([PYHPC, "status", "--json", *ids[:200]])
+        cli.append(time.perf_counter() - start)
+    return {"jobs": len(ids), "calls_per_poll": len(spawned) / reps, "commands": sorted(set(spawned)),
+            "poll_median_s": round(statistics.median(samples), 4),
+            "cli_status_200_ids_median_s": round(statistics.median(cli), 3)}
+
+
+def bench_status() -> dict[str, Any]:
+    _partition("DOWN")
+    rows = []
+    try:
+        for n in (100, JOBS):
+            job_id = sh(["sbatch", "--parsable", "-J", "bs-status", f"--array=0-{n - 1}", "-p",
+                         BENCH_PARTITION, "-o", "/dev/null", "-t", "1", "--wrap", "true"]).strip()
+            rows.append(_poll_cost([f"{job_id}_{i}" for i in range(n)]))
+            _cancel("bs-status")
+    finally:
+        _partition("UP")
+    return {"rows": rows, "target": "1 Slurm query per poll",
+            "met": all(r["calls_per_poll"] == 1 for r in rows),
+            "method": "array tasks queued in a DOWN partition, watched by id; the CLI row is "
+                      "`pyhpc status --json` with 200 ids (a whole process each time)"}
+
+
+def _sacct_times(job_id: str) -> tuple[float, float]:
+    line = sh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Submit,Start"]).split()[0]
+    submit, start = line.split("|")
+    def epoch(text: str) -> float:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").astimezone().timestamp()
+    return epoch(submit), epoch(start)
+
+
+def _ddp_pyhpc(work: Path, k: int) -> dict[str, float]:
+    out = work / f"train-{k}"
+    res = json.loads(sh([PYHPC, "train", "--nodes", str(k), "--tasks-per-node", "1",
+                         "--partition", BENCH_PARTITION, "--mode", "synthetic", "--epochs", "1",
+                         "--synthetic-samples", "64", "--out", str(out), "--wait", "--json"],
+                        cwd=work))
+    marks = json.loads((out / "startup.json").read_text())["ranks"]
+    submit, start = _sacct_times(str(res["job_id"]))
+    return phases(marks, submit, start)
+
+
+def _ddp_bare(work: Path, k: int) -> dict[str, float]:
+    out = work / f"hello-{k}.json"
+    script = work / f"hello-{k}.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH -N {k}\n#SBATCH --ntasks-per-node=1\n#SBATCH -p {BENCH_PARTITION}\n"
+        f"#SBATCH -o {work}/hello-{k}.log\n#SBATCH -t 5\n"
+        "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)\n"
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
+        f"srun {JOB_PYTHON} {ROOT}/bench/ddp_hello.py {out}\n")
+    job_id = sh(["sbatch", "--parsable", "--wait", str(script)], cwd=work).strip()
+    marks = json.loads(out.read_text())["ranks"]
+    submit, start = _sacct_times(job_id)
+    return phases(marks, submit, start)
+
+
+def bench_ddp(work: Path, reps: int = 3) -> dict[str, Any]:
+    rows = []
+    for k in DDP_NODES:
+        runs: dict[str, list[dict[str, float]]] = {"pyhpc": [], "bare": []}
+        for _ in range(reps):
+            runs["bare"].append(_ddp_bare(work, k))
+            runs["pyhpc"].append(_ddp_pyhpc(work, k))
+        med = {kind: {key: round(statistics.median(r[key] for r in rs), 3) for key in rs[0]}
+               for kind, rs in runs.items()}
+        share = round(med["pyhpc"]["total_s"] - med["bare"]["total_s"], 3)
+        rows.append({"nodes": k, "pyhpc": med["pyhpc"], "bare": med["bare"],
+                     "pyhpc_minus_bare_s": share})
+    return {"rows": rows, "reps": reps, "target": "pyhpc's share < 1 s above bare torch.distributed",
+            "met": all(r["pyhpc_minus_bare_s"] < 1.0 for r in rows),
+            "method": "median of reps, alternating bare and pyhpc; one task per node; pyhpc: "
+                      "`pyhpc train --mode synthetic --epochs 1`; bare: bench/ddp_hello.py "
+                      "(torch only, gloo, one DDP step) under sbatch+srun; Submit/Start from "
+                      "sacct (whole seconds), marks are each rank's wall clock"}
+
+
+# ---------------------------------------------------------------- plots and driver
+
+def plot(result: dict[str, Any], docs: Path = DOCS) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+
+    def save(fig: Any, name: str) -> None:
+        path = docs / f"scale-{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
+        plt.close(fig)
+        made.append(path)
+
+    if "deploy" in result:
+        runs = result["deploy"]["runs"]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for key, label in (("fresh_s", "deploy"), ("rerun_s", "idempotent re-run")):
+            ax.plot([r["nodes"] for r in runs], [r[key] for r in runs], "o-", label=label)
+        ax.set(xscale="log", xlabel="emulated GPU nodes", ylabel="seconds", ylim=(0, None),
+               title="Deploy time vs nodes")
+        ax.set_xticks([r["nodes"] for r in runs], [str(r["nodes"]) for r in runs])
+        ax.legend()
+        save(fig, "deploy")
+    if "srun" in result:
+        rows = result["srun"]["rows"]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([r["nodes"] for r in rows], [r["median_s"] for r in rows], "o-")
+        ax.set(xscale="log", xlabel="nodes (srun -N k true)", ylabel="seconds (median of 5)",
+               ylim=(0, None), title="Job launch latency vs nodes")
+        ax.set_xticks([r["nodes"] for r in rows], [str(r["nodes"]) for r in rows])
+        save(fig, "srun")
+    if "submit" in result:
+        ways = result["submit"]["ways"]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.barh(list(ways), [w["jobs_per_s"] for w in ways.values()])
+        ax.set(xscale="log", xlabel="jobs/s (log)", title="Submitting 1,000 jobs")
+        save(fig, "submit")
+    if "complete" in result:
+        runs = result["complete"]["runs"]
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.bar(list(runs), [r["jobs_per_s"] for r in runs.values()])
+        ax.set(ylabel="jobs/s", title="1,000 trivial jobs to COMPLETED")
+        save(fig, "complete")
+    if "status" in result:
+        rows = result["status"]["rows"]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([r["jobs"] for r in rows], [r["poll_median_s"] * 1000 for r in rows], "o-")
+        ax.set(xlabel="jobs watched", ylabel="ms per poll (1 squeue)", ylim=(0, None),
+               title="Watcher poll latency vs jobs")
+        save(fig, "status")
+    if "ddp" in result:
+        rows = result["ddp"]["rows"]
+        keys = ["queue_wait_s", "launch_s", "interpreter_and_imports_s", "rendezvous_s",
+                "first_step_s"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = [f"{r['nodes']}n {kind}" for r in rows for kind in ("bare", "pyhpc")]
+        bottom = [0.0] * len(labels)
+        for key in keys:
+            vals = [max(r[kind][key], 0.0) for r in rows for kind in ("bare", "pyhpc")]
+            ax.bar(labels, vals, bottom=bottom, label=key.removesuffix("_s").replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set(ylabel="seconds from sbatch", title="Time to first optimizer step")
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(fontsize=7)
+        save(fig, "ddp")
+    return made
+
+
+def needs_large(parts: list[str]) -> bool:
+    return any(p in parts for p in ("srun", "submit", "status", "ddp"))
+
+
+def run(parts: list[str], work: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    result.update({"date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                               "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
+                                                   * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}})
+    if "deploy" in parts:
+        result["deploy"] = bench_deploy(work)
+    if needs_large(parts):
+        deploy(write_definition(work, NODE_COUNTS[-1]))
+        wait_idle(NODE_COUNTS[-1])
+    for name, fn in (("srun", bench_srun), ("submit", lambda: bench_submit(work)),
+                     ("status", bench_status), ("ddp", lambda: bench_ddp(work))):
+        if name in parts:
+            result[name] = fn()
+            RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    if "complete" in parts:
+        result["complete"] = bench_complete(work)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"from {','.join(PARTS)}")
+    parser.add_argument("--plot", action="store_true", help="redraw the plots from the JSON")
+    parser.add_argument("--no-restore", action="store_true", help="leave the large lab up")
+    args = parser.parse_args()
+    if args.plot:
+        for path in plot(json.loads(RESULT.read_text())):
+            print(f"wrote {path.relative_to(ROOT)}")
+        return 0
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        sys.exit(f"bench/scale.py: error: --parts: {', '.join(unknown)} not allowed; "
+                 f"allowed: {', '.join(PARTS)}")
+    work = Path(tempfile.mkdtemp(prefix="pyhpc-scale-"))
+    work.chmod(0o755)
+    try:
+        result = run(parts, work)
+    finally:
+        if not args.no_restore:
+            timed(["make", "--no-print-directory", "deploy"], timeout=DEPLOY_TIMEOUT_S)
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    for path in plot(result):
+        print(f"wrote {path.relative_to(ROOT)}")
+    print(json.dumps({k: result[k].get("met") for k in PARTS if k in result
+                      and isinstance(result[k], dict)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
