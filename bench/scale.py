@@ -331,11 +331,11 @@ def _poll_cost(ids: list[str], reps: int = 5) -> dict[str, Any]:
             "cli_status_200_ids_median_s": round(statistics.median(cli), 3)}
 
 
-def bench_status() -> dict[str, Any]:
+def bench_status(jobs: int = JOBS) -> dict[str, Any]:
     _partition("DOWN")
     rows = []
     try:
-        for n in (100, JOBS):
+        for n in (jobs // 10, jobs):
             job_id = sh(["sbatch", "--parsable", "-J", "bs-status", f"--array=0-{n - 1}", "-p",
                          BENCH_PARTITION, "-o", "/dev/null", "-t", "1", "--wrap", "true"]).strip()
             rows.append(_poll_cost([f"{job_id}_{i}" for i in range(n)]))
@@ -356,13 +356,18 @@ def _sacct_times(job_id: str) -> tuple[float, float]:
     return epoch(submit), epoch(start)
 
 
+def _marks(path: Path) -> list[dict[str, float]]:
+    """Every rank's marks from a startup.json (pyhpc.train's or bench/ddp_hello.py's)."""
+    return [{**r["marks"], "rank": r["rank"]} for r in json.loads(path.read_text())["ranks"]]
+
+
 def _ddp_pyhpc(work: Path, k: int) -> dict[str, float]:
     out = work / f"train-{k}"
     res = json.loads(sh([PYHPC, "train", "--nodes", str(k), "--tasks-per-node", "1",
                          "--partition", BENCH_PARTITION, "--mode", "synthetic", "--epochs", "1",
                          "--synthetic-samples", "64", "--out", str(out), "--wait", "--json"],
                         cwd=work))
-    marks = json.loads((out / "startup.json").read_text())["ranks"]
+    marks = _marks(out / "startup.json")
     submit, start = _sacct_times(str(res["job_id"]))
     return phases(marks, submit, start)
 
@@ -378,7 +383,7 @@ def _ddp_bare(work: Path, k: int) -> dict[str, float]:
         "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
         f"srun {JOB_PYTHON} {ROOT}/bench/ddp_hello.py {out}\n")
     job_id = sh(["sbatch", "--parsable", "--wait", str(script)], cwd=work).strip()
-    marks = json.loads(out.read_text())["ranks"]
+    marks = _marks(out)
     submit, start = _sacct_times(job_id)
     return phases(marks, submit, start)
 
@@ -479,7 +484,7 @@ def needs_large(parts: list[str]) -> bool:
     return any(p in parts for p in ("srun", "submit", "status", "ddp"))
 
 
-def run(parts: list[str], work: Path) -> dict[str, Any]:
+def run(parts: list[str], work: Path, jobs: int = JOBS) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(RESULT.read_text()) if RESULT.exists() else {}
     result.update({"date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                    "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
@@ -490,13 +495,13 @@ def run(parts: list[str], work: Path) -> dict[str, Any]:
     if needs_large(parts):
         deploy(write_definition(work, NODE_COUNTS[-1]))
         wait_idle(NODE_COUNTS[-1])
-    for name, fn in (("srun", bench_srun), ("submit", lambda: bench_submit(work)),
-                     ("status", bench_status), ("ddp", lambda: bench_ddp(work))):
+    for name, fn in (("srun", bench_srun), ("submit", lambda: bench_submit(work, jobs)),
+                     ("status", lambda: bench_status(jobs)), ("ddp", lambda: bench_ddp(work))):
         if name in parts:
             result[name] = fn()
             RESULT.write_text(json.dumps(result, indent=2) + "\n")
     if "complete" in parts:
-        result["complete"] = bench_complete(work)
+        result["complete"] = bench_complete(work, jobs)
     return result
 
 
@@ -505,6 +510,7 @@ def main() -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"from {','.join(PARTS)}")
     parser.add_argument("--plot", action="store_true", help="redraw the plots from the JSON")
     parser.add_argument("--no-restore", action="store_true", help="leave the large lab up")
+    parser.add_argument("--jobs", type=int, default=JOBS, help="jobs per throughput run")
     args = parser.parse_args()
     if args.plot:
         for path in plot(json.loads(RESULT.read_text())):
@@ -518,7 +524,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="pyhpc-scale-"))
     work.chmod(0o755)
     try:
-        result = run(parts, work)
+        result = run(parts, work, args.jobs)
     finally:
         if not args.no_restore:
             timed(["make", "--no-print-directory", "deploy"], timeout=DEPLOY_TIMEOUT_S)

@@ -9,6 +9,7 @@ text output where it does not. Tests replace :data:`RUNNER`, and nothing else.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -188,13 +189,19 @@ def _state(value: Any) -> str:
 
 def task_count(spec: str) -> int:
     """How many tasks an array expression such as ``2-999%4`` or ``1,3,5-7`` names."""
-    total = 0
+    return len(task_ids(spec))
+
+
+@functools.lru_cache(maxsize=64)
+def task_ids(spec: str) -> tuple[int, ...]:
+    """The task ids an array expression names, in its order: ``1,3,5-7`` is 1, 3, 5, 6, 7."""
+    ids: list[int] = []
     for part in spec.split("%")[0].split(","):
         lo, _, rest = part.partition("-")
         hi, _, step = rest.partition(":")
-        if lo.isdigit() and (not hi or hi.isdigit()):
-            total += (int(hi) - int(lo)) // int(step or 1) + 1 if hi else 1
-    return total
+        if lo.isdigit() and (not hi or hi.isdigit()) and (not step or step.isdigit()):
+            ids += range(int(lo), int(hi or lo) + 1, max(int(step or 1), 1))
+    return tuple(ids)
 
 
 def squeue_rows(data: dict[str, Any]) -> list[JobRow]:

@@ -5,9 +5,9 @@ scikit-learn (no download); ``mode="synthetic"`` trains a wider CNN on generated
 32x32 images, for throughput. Data-parallel (DDP) over every task of the job,
 fixed seeds, a checkpoint after every epoch. Each task computes on the device
 :mod:`pyhpc.device` chooses (``--device``, ``--precision``); the loop is the same on every
-device, only the placement's flags differ. :class:`Trainer` is a submitit
-Checkpointable: a preempted, timed-out or requeued job restarts from the last
-completed epoch, so no epoch is lost or repeated.
+device, only the placement's flags differ. :class:`Trainer` is checkpointable as
+submitit asks (a ``checkpoint`` method): a preempted, timed-out or requeued job restarts
+from the last completed epoch, so no epoch is lost or repeated.
 
 Run it with ``pyhpc train`` or ``python -m pyhpc.train`` (under srun/torchrun).
 """
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
+import importlib.util
 import json
 import os
 import signal
@@ -26,7 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import submitit
 import torch
 import torch.distributed as td
 from torch import nn
@@ -34,9 +35,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from pyhpc import device, dist, files, metrics, trainconfig
+from pyhpc import device, dist, files, metrics, startup, trainconfig
 from pyhpc.errors import PyhpcError
 from pyhpc.trainconfig import TrainConfig, TrainError
+
+#: When this module's imports (torch's among them) were done: a :mod:`pyhpc.startup` mark.
+IMPORTED = time.time()
 
 CHECKPOINT = "checkpoint.pt"
 #: Files rank 0 appends to: refused up front if something other than a file is there.
@@ -78,15 +82,33 @@ class WideCNN(nn.Module):
         return out
 
 
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1,797 digits: images (N, 8, 8) of 0..16 and labels, as load_digits
+    gives them. Read from the file scikit-learn ships, without importing it: importing
+    sklearn.datasets takes longer than importing torch, reading the file 10 ms. Where the
+    file is not, load_digits itself."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
+    roots = spec.submodule_search_locations if spec is not None else None
+    path = Path(roots[0], "datasets", "data", "digits.csv.gz") if roots else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return torch.tensor(bunch.images), torch.tensor(bunch.target)
+    import numpy as np  # already imported by torch
+
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        table = torch.tensor(np.loadtxt(fh, delimiter=","))
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].long()
+
+
 def datasets(cfg: TrainConfig) -> tuple[TensorDataset, TensorDataset, nn.Module]:
     """(train, test, model) for the mode, built identically on every rank."""
     gen = torch.Generator().manual_seed(cfg.seed)
     if cfg.mode == "digits":
-        from sklearn.datasets import load_digits
-
-        bunch = load_digits()
-        x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-        y = torch.tensor(bunch.target, dtype=torch.long)
+        images, labels = digits()
+        x = images.to(torch.float32).unsqueeze(1) / 16.0
+        y = labels.to(torch.long)
         model: nn.Module = LeNet()
     else:
         n = cfg.synthetic_samples
@@ -289,9 +311,22 @@ def prepare(cfg: TrainConfig) -> Prepared:
     return Prepared(cfg, out, state, place)
 
 
+def _mark_first_step(opt: torch.optim.Optimizer, marks: startup.Marks,
+                     place: device.Placement) -> None:
+    """Have ``opt`` mark the end of its first step in ``marks`` (its kernels done, on a
+    GPU: one synchronisation, once); later steps pay one attribute check."""
+    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if marks.first_step is None:
+            place.synchronize()
+            marks.first_step = time.time()
+
+    opt.register_step_post_hook(hook)
+
+
 def run(cfg: TrainConfig) -> metrics.Summary | None:
     """Train on every task of the job; rank 0 writes checkpoints and metrics.
     Nothing starts before :func:`prepare` has accepted the run."""
+    marks = startup.Marks(process_start=startup.this_process_start(), imported=IMPORTED)
     ready = prepare(cfg)
     cfg, out, state = ready.cfg, ready.out, ready.checkpoint
     ckpt_path = out / CHECKPOINT
@@ -300,9 +335,11 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
     signal.signal(signal.SIGTERM, _stop_now)
     place = ready.place
     info = dist.setup(place)
+    marks.rendezvous_done = time.time()
     train_set, test_set, model = datasets(cfg)
     model = place_model(model, place)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    _mark_first_step(opt, marks, place)
     start, history, attempts = 0, [], 0
     if state is not None:
         _restore(ckpt_path, state, model, opt)
@@ -336,7 +373,7 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
             print(f"pyhpc.train: epoch {epoch} loss {record['loss']:.4f} "
                   f"test accuracy {record['test_accuracy']:.3f}", flush=True)
         td.barrier()
-    summary = _report(cfg, info, timer, history, out, len(train_set))
+    summary = _report(cfg, info, timer, history, out, len(train_set), marks)
     # Drop DDP's reference to the process group before tearing it down, so the gloo
     # group is freed now rather than at interpreter exit (where it can abort).
     del ddp, loader
@@ -347,18 +384,22 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
 
 def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
             history: list[dict[str, Any]], out: Path, samples_per_epoch: int,
-            ) -> metrics.Summary | None:
-    """Gather every rank's timings; rank 0 writes ranks.jsonl, metrics.jsonl and .csv."""
+            marks: startup.Marks) -> metrics.Summary | None:
+    """Gather every rank's timings and startup marks; rank 0 writes ranks.jsonl,
+    startup.json (this attempt's: a requeued job's replaces it), metrics.jsonl and .csv."""
     mine = {"rank": info.rank, "host": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
             "step_times": timer.times, "pid": os.getpid(), "device": info.place.name,
-            "precision": info.place.precision}
+            "precision": info.place.precision, "marks": asdict(marks)}
     gathered: list[Any] = [None] * info.world_size
     td.all_gather_object(gathered, mine)
     summary = None
     if info.rank == 0:
         files.append_text(out / "ranks.jsonl", "".join(
-            json.dumps({k: v for k, v in r.items() if k != "step_times"}
+            json.dumps({k: v for k, v in r.items() if k not in ("step_times", "marks")}
                        | {"steps": len(r["step_times"])}) + "\n" for r in gathered))
+        files.write_text(out / "startup.json", json.dumps(startup.report(
+            [{k: r[k] for k in ("rank", "host", "pid", "marks")} for r in gathered],
+            os.environ), indent=1))
         if gathered[0]["step_times"]:
             env = metrics.Environment(
                 torch_version=torch.__version__, backend=info.backend,
@@ -381,7 +422,7 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
     return summary
 
 
-class Trainer(submitit.helpers.Checkpointable):
+class Trainer:
     """The submitit entry point: call it in each task; requeue resumes from disk."""
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -390,6 +431,14 @@ class Trainer(submitit.helpers.Checkpointable):
     def __call__(self) -> dict[str, Any] | None:
         summary = run(self.cfg)
         return summary.row() if summary else None
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """What submitit requeues on timeout or preemption (it looks for this method, as
+        for its Checkpointable's): the same call, which resumes from the last checkpoint.
+        submitit is imported here, not with this module: a torchrun task never needs it."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

@@ -74,17 +74,26 @@ def _key(job_id: str) -> Key:
 
 
 def _by_job(keys: Iterable[Key]) -> dict[str, list[Key]]:
-    """Keys grouped by job id: finding one job's keys scans only them."""
+    """Keys grouped by job id: finding one job's keys scans only them. A task still in a
+    pending range (``7_[2-5]``) is also found under its own id (``7_3``)."""
     out: dict[str, list[Key]] = {}
     for key in keys:
         out.setdefault(key[0], []).append(key)
+        if _in_range(key):
+            spec, _, k = str(key[1]).partition("#")
+            ids = slurm.task_ids(spec)
+            if k.isdigit() and int(k) < len(ids):
+                out.setdefault(f"{key[0]}_{ids[int(k)]}", []).append(key)
     return out
 
 
 def _pick(job_id: str, by_job: dict[str, list[Key]]) -> list[Key]:
     """The keys of ``job_id`` (a job, or one task such as ``123_4``) in ``by_job``."""
     base, task = _key(job_id)
-    return [k for k in by_job.get(base, []) if task is None or k[1] == task]
+    keys = by_job.get(base, [])
+    if task is None:
+        return keys
+    return [k for k in keys if k[1] == task] or by_job.get(job_id, [])
 
 
 def _in_range(key: Key) -> bool:

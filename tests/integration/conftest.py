@@ -13,7 +13,7 @@ JOB_CODE = [f"pyhpc/{m}.py" for m in ("__init__", "_submit", "bench", "bench_job
                                       "cli_admin", "cli_jobs", "cluster", "device", "directory",
                                       "dist", "doctor", "errors", "files", "gpucheck",
                                       "jobspec", "metrics", "paths", "render", "report",
-                                      "slurm", "sweep", "train", "trainconfig", "validate",
+                                      "slurm", "startup", "sweep", "train", "trainconfig", "validate",
                                       "watch", "workshop", "yamlio")] + [
     str(p.relative_to(paths.ROOT)) for p in sorted(paths.SLURM_JOBS.glob("*.j2"))]
 

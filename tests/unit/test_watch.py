@@ -189,6 +189,22 @@ def test_a_poll_where_nothing_vanished_is_one_slurm_call(fake_slurm, monkeypatch
     assert sorted(tracker.task_states()) == ["COMPLETED"] + ["PENDING"] * 2 + ["RUNNING"] * 2
 
 
+def test_watching_the_tasks_of_a_pending_range_by_id_is_one_slurm_call(fake_slurm,
+                                                                       monkeypatch) -> None:
+    """``pyhpc status 9_0 … 9_999`` while squeue shows ``9_[0-999]``: no sacct call."""
+    monkeypatch.setattr(slurm, "_json_ok", {"sacct": False})
+    pending = {"job_id": 9, "array_job_id": 9, "array_task_id": None,
+               "array_task_string": "0-998:2,999", "job_state": "PENDING", "state_reason": "None"}
+    fake_slurm.answers["squeue"] = lambda argv: (0, json.dumps({"jobs": [pending]}))
+    ids = [f"9_{i}" for i in range(0, 999, 2)] + ["9_999"]
+    tracker = watch.Tracker(ids, "squeue")
+    tracker.poll()
+    tracker.poll()
+    assert [c[0] for c in fake_slurm.calls] == ["squeue", "squeue"]
+    assert set(tracker.states().values()) == {"PENDING"}
+    assert tracker.task_states().count("PENDING") == 501
+
+
 def test_a_job_in_neither_squeue_nor_sacct_is_finished_after_two_polls(fake_slurm) -> None:
     """Accounting lag or no accounting: the last state stands a poll, then the watch ends."""
     answer_in_turn(fake_slurm, "squeue", [["5|RUNNING"], [], []])
