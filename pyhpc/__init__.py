@@ -1,15 +1,35 @@
 """pyhpc: a GPU research cluster in a box (deploy, submit, measure).
 
-``import pyhpc`` stays light: torch and submitit are imported only when a job is
-submitted or run.
+``import pyhpc`` stays light: the API below is imported on first use (PEP 562), so a
+training rank that imports ``pyhpc.train`` pays for neither jinja2 nor YAML, and torch
+and submitit are imported only when a job is submitted or run.
 """
-from pyhpc._submit import ScriptJob as ScriptJob
-from pyhpc._submit import SubmitError as SubmitError
-from pyhpc._submit import submit as submit
-from pyhpc._submit import submit_array as submit_array
-from pyhpc._submit import submit_script as submit_script
-from pyhpc._submit import submit_template as submit_template
-from pyhpc.errors import PyhpcError as PyhpcError
-from pyhpc.jobspec import JobSpec as JobSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyhpc._submit import ScriptJob as ScriptJob
+    from pyhpc._submit import SubmitError as SubmitError
+    from pyhpc._submit import submit as submit
+    from pyhpc._submit import submit_array as submit_array
+    from pyhpc._submit import submit_script as submit_script
+    from pyhpc._submit import submit_template as submit_template
+    from pyhpc.errors import PyhpcError as PyhpcError
+    from pyhpc.jobspec import JobSpec as JobSpec
 
 __version__ = "0.1.0"
+#: The public API: name -> the module that defines it.
+_API = {**dict.fromkeys(("ScriptJob", "SubmitError", "submit", "submit_array", "submit_script",
+                         "submit_template"), "pyhpc._submit"),
+        "PyhpcError": "pyhpc.errors", "JobSpec": "pyhpc.jobspec"}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'pyhpc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value

@@ -247,7 +247,8 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
 
     ``resources`` holds only the job spec fields the user set; they are checked
     before anything else. Returns what was submitted (kind, target, job_id or
-    test_only, script).
+    test_only, script, and the array expression of a job array: its job_id is the
+    array's, each task's is JOBID_TASK).
     """
 
     given = {k: jobspec.check_value(k, v) for k, v in (resources or {}).items()}
@@ -262,6 +263,9 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
     if kind == "function":
         if test_only:
             raise SubmitError("--test-only: not for module:function (submitit submits at once)")
+        if given.get("array"):
+            raise SubmitError("--array: not for module:function; for a job array of a "
+                              "function call pyhpc.submit_array(fn, items) from Python")
         fn = resolve_function(target)
         job = submit(fn, *args, **{k: v for k, v in given.items() if k != "job_name"},
                      name=given.get("job_name") or target.split(":")[1],
@@ -276,6 +280,8 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
         spec = JobSpec(**given)
         handle = submit_script(target, spec, the_cluster, test_only, only=set(given))
     key = "test_only" if test_only else "job_id"
+    if given.get("array"):
+        result["array"] = given["array"]
     return {**result, "script": str(handle.script), key: handle.job_id}
 
 

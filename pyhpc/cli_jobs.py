@@ -32,8 +32,9 @@ from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
 from pyhpc.jobspec import JobSpecError
 
-#: Flags that set job spec fields (their names are the job spec's).
-RESOURCE_FLAGS = ("nodes", "tasks_per_node", "gpus_per_node", "partition", "time", "job_name")
+#: Flags of ``submit`` that set job spec fields (their names are the job spec's).
+RESOURCE_FLAGS = ("nodes", "tasks_per_node", "gpus_per_node", "partition", "time", "job_name",
+                  "array")
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -225,6 +226,10 @@ def add_commands(sub: Any) -> None:
                    help="template variable (repeatable)")
     _resource_options(p, defaults=False)
     p.add_argument("--job-name", help="job name")
+    p.add_argument("--array", metavar="SPEC",
+                   help="a job array in one sbatch, e.g. 0-999%%50 (ids 0-999, at most 50 "
+                   "running); each task reads its id from SLURM_ARRAY_TASK_ID. Templates "
+                   "and scripts; for functions: pyhpc.submit_array")
     p.add_argument("--test-only", action="store_true", help="sbatch --test-only: submit nothing")
     _wait_options(p)
     p.set_defaults(func=cmd_submit)

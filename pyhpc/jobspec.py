@@ -37,10 +37,13 @@ class JobSpec:
     partition: str | None = None
     time: str = DEFAULT_TIME
     job_name: str | None = None
+    #: A job array expression (``0-999%50``): one sbatch for every task.
+    array: str | None = None
 
 
 #: JobSpec field -> (sbatch option, submitit parameter): the one table of names.
-OPTIONS: dict[str, tuple[str, str]] = {
+#: ``array`` has no submitit parameter: functions go into arrays by pyhpc.submit_array.
+OPTIONS: dict[str, tuple[str, str | None]] = {
     "nodes": ("nodes", "nodes"),
     "tasks_per_node": ("ntasks-per-node", "tasks_per_node"),
     "gpus_per_node": ("gpus-per-node", "gpus_per_node"),
@@ -48,6 +51,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "partition": ("partition", "slurm_partition"),
     "time": ("time", "timeout_min"),
     "job_name": ("job-name", "name"),
+    "array": ("array", None),
 }
 BOUNDS: dict[str, tuple[int, int]] = {
     f.name: f.metadata["bounds"] for f in fields(JobSpec) if "bounds" in f.metadata}
@@ -55,7 +59,7 @@ BOUNDS: dict[str, tuple[int, int]] = {
 
 def check_value(key: str, value: object) -> Any:
     """One field's value, converted and checked on its own (no cluster needed)."""
-    if value is None and key in ("cpus_per_task", "partition", "job_name"):
+    if value is None and key in ("cpus_per_task", "partition", "job_name", "array"):
         return None
     if key in BOUNDS:
         return validate.integer(key, value, *BOUNDS[key], error=JobSpecError)
@@ -66,6 +70,8 @@ def check_value(key: str, value: object) -> Any:
         return validate.name(key, value, "job", error=JobSpecError)
     if key == "partition":
         return validate.name(key, value, "slurm", error=JobSpecError)
+    if key == "array":
+        return validate.array_spec(key, value, error=JobSpecError)
     raise JobSpecError(f"{key}: not a resource; allowed: {', '.join(OPTIONS)}")
 
 
@@ -115,11 +121,12 @@ def sbatch_args(spec: JobSpec, only: set[str] | None = None) -> list[str]:
 
 
 def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
-    """submitit's parameter names for a checked spec (time goes in as minutes)."""
+    """submitit's parameter names for a checked spec (time goes in as minutes; ``array``
+    is skipped: submitit makes its own array from pyhpc.submit_array's items)."""
     params: dict[str, Any] = {}
     for key, (_, param) in OPTIONS.items():
         value = getattr(spec, key)
-        if value is None or (key == "gpus_per_node" and value == 0):
+        if param is None or value is None or (key == "gpus_per_node" and value == 0):
             continue
         if key == "time":
             seconds = validate.time_limit("time", value, error=JobSpecError) or 0

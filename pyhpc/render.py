@@ -51,6 +51,10 @@ def _time_var(key: str, value: str) -> str:
     return value
 
 
+def _array_var(key: str, value: str) -> str:
+    return validate.array_spec(key, value, error=RenderError)
+
+
 def _image_var(key: str, value: str) -> str:
     """A path (podman's image dir, a .sif) or an image reference (enroot)."""
     try:
@@ -74,6 +78,7 @@ VARIABLES: dict[str, Callable[[str, str], str]] = {
     "concurrency": _int_var(1, MAX_ARRAY_TASKS),
     "port": _int_var(1024, 65535),
     "time": _time_var,
+    "array": _array_var,
     "job_name": _name_var("job"),
     "partition": _name_var("slurm"),
     "python": _name_var("path"),

@@ -1,4 +1,5 @@
-"""The one validator for names, numbers and time limits that reach a config or a command line.
+"""The one validator for names, numbers, time limits and job arrays that reach a config
+or a command line.
 
 Names are matched whole (``fullmatch``) against an explicit character set with a length
 limit, so ``"cpu\\n"`` or ``"--uid=0"`` never passes; numbers have bounds; the messages
@@ -138,3 +139,48 @@ def time_limit(where: str, value: object, error: type[PyhpcError] = PyhpcError,
         raise error(f"{where}: {echo(value)} is not a Slurm time limit; use {allowed}MM, "
                     "HH:MM:SS or D-HH:MM:SS, up to 366 days", where)
     return seconds
+
+
+#: Slurm job arrays (``sbatch --array``): task ids, items and running limit allowed.
+ARRAY_MAX_ID = 1_000_000
+ARRAY_MAX_ITEMS = 64
+ARRAY_MAX_LIMIT = 100_000
+ARRAY_MAX_LEN = 1024
+ARRAY_ITEM_RE = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7})(?::([0-9]{1,7}))?)?")
+ARRAY_RULE = (f"use comma-separated N, N-M or N-M:S (task ids 0 to {ARRAY_MAX_ID}, N <= M, "
+              f"step >= 1), at most {ARRAY_MAX_ITEMS} items, optionally ending in %L "
+              f"(at most L tasks at once, 1 to {ARRAY_MAX_LIMIT}), e.g. 0-999%50")
+
+
+def _array_problem(value: str) -> str | None:
+    """Why ``value`` is not a Slurm job array expression, or None if it is one."""
+    items, sep, limit = value.partition("%")
+    if sep and not (re.fullmatch(r"[0-9]{1,6}", limit) and 1 <= int(limit) <= ARRAY_MAX_LIMIT):
+        return f"running limit {echo(sep + limit)} is not 1 to {ARRAY_MAX_LIMIT}"
+    parts = items.split(",")
+    if len(parts) > ARRAY_MAX_ITEMS:
+        return f"{len(parts)} items"
+    for part in parts:
+        match = ARRAY_ITEM_RE.fullmatch(part)
+        if not match:
+            return f"item {echo(part)} is not N, N-M or N-M:S"
+        first, last, step = match.groups()
+        if int(last or first) > ARRAY_MAX_ID:
+            return f"task id {int(last or first)} is above {ARRAY_MAX_ID}"
+        if int(last or first) < int(first):
+            return f"range {part} goes down"
+        if step is not None and int(step) < 1:
+            return f"step {step} is below 1"
+    return None
+
+
+def array_spec(where: str, value: object, error: type[PyhpcError] = PyhpcError) -> str:
+    """``value`` if it is a Slurm job array expression (``0-999%50``, ``1,3,10-20:2``),
+    else ``error`` naming ``where``, the reason and the rule."""
+    text = value if isinstance(value, str) and 0 < len(value) <= ARRAY_MAX_LEN else None
+    problem = (_array_problem(text) if text is not None
+               else f"not a string of 1 to {ARRAY_MAX_LEN} characters")
+    if text is None or problem is not None:
+        raise error(f"{where}: {echo(value)} is not a job array ({problem}); {ARRAY_RULE}",
+                    where)
+    return text

@@ -36,7 +36,7 @@ COMMANDS = _commands()
 VALUES = st.one_of(
     st.sampled_from(["0", "-1", "1", "2", "99", "1e9", "inf", "nan", "", "-", "--", "a\\",
                      "it's", "$(touch x)", "a\nb", "cpu", "gpu", "digits", "1,2", "x=y",
-                     "single", "array", "os:getcwd", "99-00:00:00", "00:01:00", "/", ".."]),
+                     "single", "array", "os:getcwd", "99-00:00:00", "00:01:00", "/", "..", "0-9%2", "5-2"]),
     st.text(max_size=12))
 
 

@@ -96,6 +96,10 @@ ERRORS = [
     (["scale", "--nodes", "1,2", "--batch-sizes", "33", "--scaling", "strong", "--out", "sweep"],
      "batch_sizes: global batch 33 does not divide over 2 workers"),
     (["submit", "nosuchmodule:main"], "target: cannot import module 'nosuchmodule'"),
+    (["submit", "os:getcwd", "--array", "0-9"],
+     "--array: not for module:function; for a job array of a function call pyhpc.submit_array"),
+    (["submit", "jupyter", "--array", "0-9"],
+     "array: unknown variable for template 'jupyter.sbatch.j2'"),
     (["train", "--device", "cuda"], "device: cuda needs GPUs, and this job asks for none on "
                                     "partition 'cpu'; add --gpus-per-node"),
     (["scale", "--device", "cuda", "--out", "sweep"], "device: cuda needs GPUs"),
@@ -113,6 +117,43 @@ def test_bad_input_is_one_line_exit_2_and_nothing_submitted(argv, message, slurm
     assert err.startswith("pyhpc: error: ") and message in err and err.count("\n") == 1
     assert slurm.calls == [] and slurm.tool_calls == []
     assert not (tmp_path / "pyhpc-jobs").exists() or not any((tmp_path / "pyhpc-jobs").rglob("*.pkl"))
+
+def test_submit_script_array_reaches_sbatch_once(slurm, capsys, tmp_path: Path) -> None:
+    (tmp_path / "job.sh").write_text("#!/bin/bash\ntrue\n")
+    assert cli.main(["submit", "job.sh", "--array", "0-999%50", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["job_id"] == "4242" and result["array"] == "0-999%50"
+    assert slurm.calls == [["sbatch", "--parsable", "--array=0-999%50", "--", "job.sh"]]
+
+def test_submit_template_array_is_one_sbatch_line(slurm, capsys) -> None:
+    assert cli.main(["submit", "single", "--set", "command=true", "--array", "0-999%50",
+                     "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["job_id"] == "4242" and result["array"] == "0-999%50"
+    assert slurm.calls == [["sbatch", "--parsable", "--", result["script"]]]
+    text = Path(result["script"]).read_text()
+    assert [line for line in text.splitlines() if "array" in line] == ["#SBATCH --array=0-999%50"]
+
+def test_submit_without_array_has_no_array_key(slurm, capsys) -> None:
+    assert cli.main(["submit", "single", "--set", "command=true", "--json"]) == 0
+    assert "array" not in json.loads(capsys.readouterr().out)
+
+BAD_ARRAYS = [("-1", "item '-1' is not N, N-M or N-M:S"), ("5-2", "range 5-2 goes down"),
+              ("1-2000000", "task id 2000000 is above 1000000"),
+              ("0-9%0", "running limit '%0' is not 1 to 100000"), ("a-b", "item 'a-b'"),
+              ("0-9;rm", "item '0-9;rm'"), ("0 -9", "item '0 -9'"),
+              ("", "not a string of 1 to 1024 characters")]
+
+@pytest.mark.parametrize("target", [["job.sh"], ["single", "--set", "command=true"], ["os:getcwd"]])
+@pytest.mark.parametrize(("spec", "reason"), BAD_ARRAYS)
+def test_bad_array_is_one_line_exit_2_and_nothing_submitted(target, spec, reason, slurm, capsys,
+                                                            tmp_path: Path) -> None:
+    (tmp_path / "job.sh").write_text("#!/bin/bash\ntrue\n")
+    assert cli.main(["submit", *target, f"--array={spec}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pyhpc: error: array: {spec!r} is not a job array ({reason}")
+    assert "use comma-separated N, N-M or N-M:S" in err and err.count("\n") == 1
+    assert slurm.calls == [] and not slurm.log.exists() and not (tmp_path / "pyhpc-jobs").exists()
 
 def test_status_queries_once_for_all_ids(slurm, capsys) -> None:
     assert cli.main(["status", "1", "2", "3", "--json"]) == 0

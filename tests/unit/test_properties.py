@@ -106,6 +106,7 @@ def test_any_set_value_runs_only_the_intended_command(value: str, fake_bin: Path
     before = sorted(os.listdir(tmp_path))
     cases = [("single", {"command": f"echo {value}"}, "command"),
              ("single", {"command": "echo x", "job_name": value}, "job_name"),
+             ("single", {"command": "echo x", "array": value}, "array"),
              ("ddp-srun", {"module": "m", "args": value}, "args"),
              ("ddp-srun", {"module": "m", "python": value}, "python"),
              ("array", {"command": "echo", "values": value}, "values")]

@@ -99,6 +99,28 @@ def test_bad_resource_request_is_named(values: dict, message: str, lab: cluster.
         render.render("ddp-srun", {"module": "m", **values}, lab)
 
 
+@pytest.mark.parametrize("name", ["single", "node-gpus", "ddp-srun", "torchrun"])
+def test_array_adds_exactly_one_sorted_sbatch_line(name: str, lab: cluster.Cluster) -> None:
+    plain = render.render(name, CASES[name], lab)
+    text = render.render(name, {**CASES[name], "array": "0-999%50"}, lab)
+    added = [line for line in text.splitlines() if line not in plain.splitlines()]
+    assert added == ["#SBATCH --array=0-999%50"]
+    assert text.replace("#SBATCH --array=0-999%50\n", "") == plain
+    keys = [m.group(1) for m in re.finditer(r"^#SBATCH --([\w-]+)", text, re.M)]
+    assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize("spec", ["-1", "5-2", "0-9;rm", "0-9\n#SBATCH --uid=0", "", "1%0"])
+def test_bad_array_variable_is_refused_naming_array(spec: str, lab: cluster.Cluster) -> None:
+    with pytest.raises(render.RenderError, match=r"^array: "):
+        render.render("single", {"command": "true", "array": spec}, lab)
+
+
+def test_array_template_keeps_its_own_array(lab: cluster.Cluster) -> None:
+    with pytest.raises(render.RenderError, match=r"^array: unknown variable for template"):
+        render.render("array", {**CASES["array"], "array": "0-9"}, lab)
+
+
 def test_gpu_request_on_a_cluster_without_gpus_is_refused() -> None:
     cpu_only = cluster.parse({"name": "c", "nodes": [{"name": "n", "count": 2, "cpus": 2,
                                                       "memory_mb": 100}],

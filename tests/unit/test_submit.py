@@ -1,6 +1,7 @@
 """The Python API: pyhpc.submit(fn, ...) and script submission, against fake Slurm tools."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import pyhpc
-from pyhpc import SubmitError, cluster, submit_script, submit_template
+from pyhpc import SubmitError, cluster, jobspec, submit_script, submit_template
 from pyhpc.jobspec import JobSpec, JobSpecError
 
 FAKE = """#!/bin/bash
@@ -88,6 +89,43 @@ def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: clus
         "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu",
         "--time=00:10:00", "--", "ok.sh"]
     assert job.job_id == "4243"
+
+
+@pytest.mark.parametrize("spec", ["0", "0-999%50", "1,3,10-20:2", "0-1000000", "7%1",
+                                  "0-9%100000", ",".join(str(i) for i in range(64))])
+def test_slurm_array_expressions_are_accepted(spec: str) -> None:
+    assert jobspec.check_value("array", spec) == spec
+
+
+@pytest.mark.parametrize(("spec", "reason"), [
+    ("0-9:0", "step 0 is below 1"), ("1000001", "task id 1000001 is above 1000000"),
+    (",".join(str(i) for i in range(65)), "65 items"), ("0-9%100001", "running limit"),
+    ("0-9%", "running limit '%'"), ("0,,1", "item ''"), ("0-9%1%2", "running limit"),
+    ("--uid=0", "item '--uid=0'"), ("0x10", "item '0x10'"), ("１", "item '１'"),
+    ("0" * 2000, "not a string of 1 to 1024"), (7, "not a string"),
+])
+def test_bad_array_expression_names_array_and_the_reason(spec, reason) -> None:
+    with pytest.raises(JobSpecError, match=r"^array: .* is not a job array \(" + re.escape(reason)):
+        jobspec.check_value("array", spec)
+
+
+def test_array_is_an_sbatch_option_and_no_submitit_parameter(lab: cluster.Cluster) -> None:
+    spec = jobspec.check(JobSpec(array="0-3"), lab)
+    assert jobspec.sbatch_args(spec)[0] == "--array=0-3"
+    assert "array" not in jobspec.submitit_parameters(spec)
+    assert set(jobspec.submitit_parameters(spec)) == \
+        set(jobspec.submitit_parameters(jobspec.check(JobSpec(), lab)))
+
+
+def test_submit_script_passes_the_array_once(fake_sbatch: Path, lab: cluster.Cluster,
+                                             tmp_path: Path) -> None:
+    (tmp_path / "ok.sh").write_text("#!/bin/bash\n")
+    with pytest.raises(JobSpecError, match=r"^array: '5-2' is not a job array"):
+        submit_script("ok.sh", JobSpec(array="5-2"), cluster=lab)
+    assert not fake_sbatch.exists()
+    submit_script("ok.sh", JobSpec(array="0-999%50"), cluster=lab, only={"array"})
+    assert fake_sbatch.read_text().split() == ["sbatch", "--parsable", "--array=0-999%50", "--",
+                                               "ok.sh"]
 
 
 def test_submit_array_is_one_sbatch_for_all_items(fake_sbatch: Path, lab: cluster.Cluster) -> None:
