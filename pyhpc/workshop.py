@@ -167,6 +167,8 @@ def write_sheet(p: Plan, passwords: dict[str, str], out: Path) -> list[Path]:
         f"{cut}\nWorkshop {p.name}: your account on cluster {p.name}\n\n"
         f"  login:     {r['login']}   (or su - {r['user']})\n  password:  {r['password']}\n"
         f"  jobs:      srun --reservation={p.name} ... / sbatch --reservation={p.name} ...\n"
+        f"             or, for every job of your session (pyhpc, the notebooks):\n"
+        f"             export SBATCH_RESERVATION={p.name} SLURM_RESERVATION={p.name}\n"
         f"  starts:    {p.start}, for {p.minutes} minutes\n"
         for r in rows) + cut + "\n"
     directory_path = files.make_dir(out, "out")
