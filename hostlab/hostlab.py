@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -49,6 +50,12 @@ INVENTORY = ROOT / "ansible" / "inventories" / "hostlab" / "hosts.yml"
 CONTAINERS_CONF = HERE / "containers.conf"
 IMAGE_FILES = HERE / "image"
 NETWORK = "pyhpc-hostlab"
+#: The network's subnet: each host keeps one address from it for life (its container's
+#: --ip), as a real host keeps its address across reboots; podman would otherwise hand a
+#: restarted container a new one, and slurmctld keeps the address it resolved.
+SUBNET = ipaddress.ip_network(os.environ.get("HOSTLAB_SUBNET", "10.89.77.0/24"))
+#: Host addresses start here (below: the gateway and room for podman's own).
+FIRST_HOST_OFFSET = 10
 IMAGE = "localhost/pyhpc-hostlab"
 LABEL = "org.pyhpc.hostlab"
 RECIPE_LABEL = f"{LABEL}.recipe"
@@ -270,11 +277,29 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 def ensure_network(podman: Podman) -> None:
     if not podman.exists("network", NETWORK):
-        podman.out("network", "create", "--label", f"{LABEL}=1", NETWORK)
-        log(f"network {NETWORK} created")
+        podman.out("network", "create", "--label", f"{LABEL}=1", "--subnet", str(SUBNET),
+                   NETWORK)
+        log(f"network {NETWORK} created ({SUBNET})")
 
 
-def create_host(podman: Podman, host: str, image: str) -> None:
+def addresses(hosts: Sequence[str], subnet: ipaddress.IPv4Network | ipaddress.IPv6Network = SUBNET
+              ) -> dict[str, str]:
+    """A fixed address per host name: a hash of the name into the subnet, the next free one
+    on a clash (names in sorted order), so adding or removing a host moves no other."""
+    room = subnet.num_addresses - FIRST_HOST_OFFSET - 1
+    if len(set(hosts)) > room:
+        raise HostlabError(f"hosts: {len(set(hosts))} hosts do not fit subnet {subnet} "
+                           f"(room for {room}); set HOSTLAB_SUBNET to a larger one")
+    taken: dict[int, str] = {}
+    for host in sorted(set(hosts)):
+        slot = int(hashlib.sha256(host.encode()).hexdigest(), 16) % room
+        while slot in taken:
+            slot = (slot + 1) % room
+        taken[slot] = host
+    return {host: str(subnet[FIRST_HOST_OFFSET + slot]) for slot, host in taken.items()}
+
+
+def create_host(podman: Podman, host: str, image: str, address: str) -> None:
     volumes: list[str] = []
     for suffix, path in VOLUMES.items():
         volume = f"{NETWORK}-{host}-{suffix}"
@@ -288,7 +313,8 @@ def create_host(podman: Podman, host: str, image: str) -> None:
     if WHEELS.is_dir():
         volumes += ["--volume", f"{WHEELS}:{WHEELS}:ro"]
     podman.out("run", "--detach", "--name", host, "--hostname", host, "--network", NETWORK,
-               "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image, "/sbin/init")
+               "--ip", address, "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image,
+               "/sbin/init")
 
 
 def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
@@ -310,12 +336,14 @@ def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
             log(f"{host} runs an older image than {image}; "
                 "`make hostlab-down` and up again to recreate it")
     started = [h for h in hosts if h not in current or current[h]["State"] != "running"]
+    # Every container podman knows keeps its slot, so a new host never takes its address.
+    address = addresses([*hosts, *current])
 
     def start(host: str) -> None:
         if host in current:
             podman.out("start", host)
         else:
-            create_host(podman, host, image)
+            create_host(podman, host, image, address[host])
 
     with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
         list(pool.map(start, started))

@@ -1,4 +1,5 @@
-"""hostlab life cycle: add and remove a compute host, restart the controller host mid-job.
+"""hostlab life cycle: add and remove a compute host, restart a compute host and the
+controller host mid-job.
 
 The same commands an admin runs on a real cluster: edit the definition and the
 inventory, `make hostlab-up` (the new host's machine) and `make hostlab-deploy`. The
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -139,6 +141,48 @@ def test_removing_a_compute_host_drains_it_first_and_kills_no_job(
     assert sacct_state(job) == "COMPLETED"
     assert NEW_HOST not in node_states()
     _run([*HOSTLAB, "podman", "rm", "--force", NEW_HOST])
+
+
+#: A job that checkpoints as pyhpc.train does (after each epoch, atomically) and resumes
+#: from the last one; requeued by Slurm when its host fails, as pyhpc's jobs are.
+EPOCHS_JOB = """#!/bin/bash
+#SBATCH --requeue
+#SBATCH --open-mode=append
+cd "$1"
+epoch=$(cat checkpoint 2>/dev/null || echo 0)
+while [ "$epoch" -lt 12 ]; do
+    sleep 4
+    epoch=$((epoch + 1))
+    echo "$epoch" > checkpoint.new && mv checkpoint.new checkpoint
+    echo "epoch $epoch attempt ${SLURM_RESTART_COUNT:-0} on $(hostname)" >> epochs.log
+done
+"""
+
+
+def test_a_compute_host_restarted_mid_job_returns_and_its_job_resumes(
+        cluster: dict[str, Any]) -> None:
+    """A reboot of the host a job runs on: the host comes back into service at the address
+    it had, Slurm requeues the job, and it resumes from its checkpoint on that host."""
+    host, work = COMPUTE[0], "/home/hostlab-reboot"
+    on("login", "sh", "-c",
+       f"rm -rf {work} && mkdir -p {work} && printf %s {shlex.quote(EPOCHS_JOB)} > {work}/job.sh")
+    job = submit(f"--nodelist={host}", f"--output={work}/out.txt", f"{work}/job.sh", work)
+
+    def epochs_done() -> int:
+        return int(on("login", "sh", "-c", f"cat {work}/epochs.log 2>/dev/null | wc -l"))
+
+    wait_for("two epochs done", lambda: epochs_done() >= 2, timeout=120)
+    before = on("login", "getent", "hosts", host).split()[0]
+    start = time.monotonic()
+    _run([*HOSTLAB, "podman", "restart", host], timeout=180)
+    wait_for(f"{host} back in service", lambda: node_states().get(host) in ("idle", "mix", "alloc"),
+             timeout=400, every=5)
+    assert sacct_state(job, wait=400) == "COMPLETED"
+    print(f"hostlab: {host} restarted mid-job: job done {time.monotonic() - start:.0f} s later")
+    assert on("login", "getent", "hosts", host).split()[0] == before
+    lines = on("login", "cat", f"{work}/epochs.log").splitlines()
+    assert [int(line.split()[1]) for line in lines] == list(range(1, 13)), lines
+    assert any(int(line.split()[3]) >= 1 for line in lines), lines  # a requeued attempt ran
 
 
 def test_restarting_the_controller_host_keeps_the_queue(cluster: dict[str, Any]) -> None:

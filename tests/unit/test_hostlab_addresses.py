@@ -1,0 +1,50 @@
+"""hostlab's fixed host addresses: one per host for life, unmoved by other hosts."""
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import sys
+from types import ModuleType
+
+import pytest
+
+from pyhpc import paths
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("hostlab_cli", paths.ROOT / "hostlab" / "hostlab.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+hostlab = _load()
+STOCK = ["ctl", "db", "login", "cpu1", "gpu1", "gpu2"]
+
+
+def test_every_host_gets_its_own_address_in_the_subnet_above_the_gateway() -> None:
+    got = hostlab.addresses(STOCK)
+    assert sorted(got) == sorted(STOCK) and len(set(got.values())) == len(STOCK)
+    net = ipaddress.ip_network("10.89.77.0/24")
+    assert all(ipaddress.ip_address(a) in net and int(a.split(".")[-1]) >= 10 for a in got.values())
+
+
+def test_adding_or_removing_hosts_moves_no_other_host() -> None:
+    stock = hostlab.addresses(STOCK)
+    more = hostlab.addresses([*STOCK, *(f"cpu{i}" for i in range(2, 40))])
+    assert {h: more[h] for h in STOCK} == stock
+    fewer = hostlab.addresses([h for h in STOCK if h != "gpu2"])
+    assert fewer == {h: a for h, a in stock.items() if h != "gpu2"}
+
+
+def test_clashing_names_each_get_a_free_address_in_a_small_subnet() -> None:
+    small = ipaddress.ip_network("10.0.0.0/28")  # room for 5 hosts
+    got = hostlab.addresses(["a", "b", "c", "d", "e"], small)
+    assert len(set(got.values())) == 5
+
+
+def test_more_hosts_than_the_subnet_holds_is_one_line() -> None:
+    with pytest.raises(hostlab.HostlabError, match=r"hosts: 6 hosts do not fit subnet 10.0.0.0/28"):
+        hostlab.addresses(["a", "b", "c", "d", "e", "f"], ipaddress.ip_network("10.0.0.0/28"))
