@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 
 LARGE_FILE = paths.ROOT / "ansible" / "inventories" / "lab" / "ddl256.yml"
 LARGE = cluster.load(LARGE_FILE)
+GPU_DIR = Path("/dev/pyhpc-lab")
 GPU_NODES = sorted((n for n in LARGE.nodes if n.gpus), key=lambda n: int(n.name[3:]))
 
 
@@ -49,6 +50,10 @@ def large_lab() -> Iterator[list[str]]:
     finally:
         restore = make("deploy")
         assert restore.returncode == 0, _tail(restore)
+        # Back to the stock lab's stand-ins only: the 64-node ones would be GPUs to a glob.
+        stock = cluster.load(paths.LAB_CLUSTER)
+        left = sorted(str(p.relative_to(GPU_DIR)) for p in GPU_DIR.glob("*/*"))
+        assert left == sorted(f"{n.name}/nvidia{i}" for n in stock.nodes for i in range(n.gpus))
 
 
 def test_the_large_lab_brings_up_256_gpus_on_68_nodes(large_lab: list[str]) -> None:
