@@ -3,31 +3,19 @@ the ratios and the target, the plot. Runs no hostlab command."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+from by_path import load
 
-from pyhpc import cluster, paths
+from pyhpc import cluster
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _load() -> ModuleType:
-    # bench/ is no package, and `hostlab` is also the name of hostlab/: load it by path.
-    spec = importlib.util.spec_from_file_location("bench_hostlab", paths.ROOT / "bench" / "hostlab.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load("bench_hostlab", "bench/hostlab.py")
 
 
 def _recap_line(host: str, ok: int, changed: int) -> str:

@@ -2,28 +2,17 @@
 breakdown, the plots. Runs no Slurm command."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from by_path import load
 
-from pyhpc import cluster, paths
+from pyhpc import cluster
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scale", paths.ROOT / "bench" / "scale.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load("bench_scale", "bench/scale.py")
 
 
 @pytest.mark.parametrize("nodes", [4, 16, 64])

@@ -1,26 +1,12 @@
 """hostlab's fixed host addresses: one per host for life, unmoved by other hosts."""
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
-import sys
-from types import ModuleType
 
 import pytest
+from by_path import load
 
-from pyhpc import paths
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hostlab_cli", paths.ROOT / "hostlab" / "hostlab.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-hostlab = _load()
+hostlab = load("hostlab_cli", "hostlab/hostlab.py")
 STOCK = ["ctl", "db", "login", "cpu1", "gpu1", "gpu2"]
 
 
