@@ -49,6 +49,9 @@ ROOT = HERE.parent
 INVENTORY = ROOT / "ansible" / "inventories" / "hostlab" / "hosts.yml"
 CONTAINERS_CONF = HERE / "containers.conf"
 IMAGE_FILES = HERE / "image"
+#: This machine's site CAs (Debian's place for them): its hosts trust what it trusts, as a
+#: site's hosts get its CA, e.g. of a TLS-inspecting proxy in front of PyPI and the mirror.
+SITE_CAS = Path("/usr/local/share/ca-certificates")
 NETWORK = "pyhpc-hostlab"
 #: The network's subnet: each host keeps one address from it for life (its container's
 #: --ip), as a real host keeps its address across reboots; podman would otherwise hand a
@@ -61,7 +64,9 @@ LABEL = "org.pyhpc.hostlab"
 RECIPE_LABEL = f"{LABEL}.recipe"
 STATE_DIR = Path("/var/lib/pyhpc/hostlab")
 CACHE = Path("/var/cache/pyhpc/hostlab")
-#: Per-host volumes (name suffix -> path in the host): what survives `down`.
+#: Per-host volumes (name suffix -> path in the host): what survives `down`. One set per
+#: Debian release: the packages' system users get other uids on another release (munge is
+#: 100 on Debian 13, 101 on Debian 12), and munged refuses a log directory it does not own.
 VOLUMES = {"log": "/var/log"}
 #: Shared storage, the NFS stand-in: one directory of this machine (below
 #: STATE_DIR/shared) bind-mounted at the same path into every host.
@@ -206,25 +211,28 @@ def sources(release: str) -> list[str]:
             f"deb {SECURITY} {release}-security main"]
 
 
-def image_files() -> dict[str, str]:
-    """hostlab/image/ as {path: sha256 of content and mode}: part of the recipe."""
+def image_files(root: Path = IMAGE_FILES) -> dict[str, str]:
+    """The files under root as {path: sha256 of content and mode}: part of the recipe."""
     files = {}
-    for path in sorted(p for p in IMAGE_FILES.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []:
         digest = hashlib.sha256(path.read_bytes() + oct(path.stat().st_mode & 0o111).encode())
-        files[str(path.relative_to(IMAGE_FILES))] = digest.hexdigest()
+        files[str(path.relative_to(root))] = digest.hexdigest()
     return files
 
 
 def recipe(release: str) -> str:
     """Hash of everything the image is built from: same hash, same image."""
     text = json.dumps({"release": release, "packages": PACKAGES, "sources": sources(release),
-                       "files": image_files(), "hooks": hooks(), "version": 1}, sort_keys=True)
+                       "files": image_files(), "site_cas": image_files(SITE_CAS),
+                       "hooks": hooks(), "version": 1}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def hooks() -> list[str]:
+    cas = [f"sync-in {SITE_CAS} {SITE_CAS}", 'chroot "$1" update-ca-certificates'] \
+        if image_files(SITE_CAS) else []
     return [f"sync-in {IMAGE_FILES} /",
-            'chroot "$1" systemctl enable pyhpc-cgroup-rw.service']
+            'chroot "$1" systemctl enable pyhpc-cgroup-rw.service', *cas]
 
 
 def image_recipe(podman: Podman, release: str) -> str | None:
@@ -299,10 +307,14 @@ def addresses(hosts: Sequence[str], subnet: ipaddress.IPv4Network | ipaddress.IP
     return {host: str(subnet[FIRST_HOST_OFFSET + slot]) for slot, host in taken.items()}
 
 
-def create_host(podman: Podman, host: str, image: str, address: str) -> None:
+def volume_name(host: str, release: str, suffix: str) -> str:
+    return f"{NETWORK}-{host}-{release}-{suffix}"
+
+
+def create_host(podman: Podman, host: str, release: str, address: str) -> None:
     volumes: list[str] = []
     for suffix, path in VOLUMES.items():
-        volume = f"{NETWORK}-{host}-{suffix}"
+        volume = volume_name(host, release, suffix)
         if not podman.exists("volume", volume):
             podman.out("volume", "create", "--label", f"{LABEL}=1", volume)
         volumes += ["--volume", f"{volume}:{path}"]
@@ -313,12 +325,13 @@ def create_host(podman: Podman, host: str, image: str, address: str) -> None:
     if WHEELS.is_dir():
         volumes += ["--volume", f"{WHEELS}:{WHEELS}:ro"]
     podman.out("run", "--detach", "--name", host, "--hostname", host, "--network", NETWORK,
-               "--ip", address, "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image,
+               "--ip", address, "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image_ref(release),
                "/sbin/init")
 
 
-def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
+def start_hosts(podman: Podman, hosts: Sequence[str], release: str) -> list[str]:
     """Create or start every host that is not running; return those it started."""
+    image = image_ref(release)
     current = podman.containers()
     image_id = podman.out("image", "inspect", "--format", "{{.Id}}", image)
     for host in hosts:
@@ -333,7 +346,7 @@ def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
                 podman.out("rm", "--force", "--time", "0", host)
             del current[host]
         elif row and row["State"] == "running" and row["ImageID"] != image_id:
-            log(f"{host} runs an older image than {image}; "
+            log(f"{host} runs an image other than {image} (older, or another release); "
                 "`make hostlab-down` and up again to recreate it")
     started = [h for h in hosts if h not in current or current[h]["State"] != "running"]
     # Every container podman knows keeps its slot, so a new host never takes its address.
@@ -343,7 +356,7 @@ def start_hosts(podman: Podman, hosts: Sequence[str], image: str) -> list[str]:
         if host in current:
             podman.out("start", host)
         else:
-            create_host(podman, host, image, address[host])
+            create_host(podman, host, release, address[host])
 
     with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
         list(pool.map(start, started))
@@ -406,7 +419,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if have != recipe(args.release):
             log(f"image {image} is older than its recipe: `make hostlab-image` rebuilds it")
         ensure_network(podman)
-        started = start_hosts(podman, inventory.hosts, image)
+        started = start_hosts(podman, inventory.hosts, args.release)
         created = time.monotonic() - start
         states = wait_booted(podman, inventory.hosts, args.timeout)
     report_states(podman, states)

@@ -144,6 +144,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             result["summary"] = report.run_summary(out)
     text = (f"job {result['job_id']} {result['state']}: {out}\n"
             f"{report.summary_text(result['summary'])}" if "state" in result else json.dumps(result))
+    if result.get("state", "COMPLETED") != "COMPLETED":
+        text += f"\n  job output     pyhpc logs {result['job_id']}"
+        if not result["summary"]["epochs"]:
+            # The usual first-run mistake on a real cluster: a directory only the login host has.
+            text += (f"\n  no epoch reached {out}: it must be on storage the compute nodes "
+                     "share (e.g. your home)")
     _emit(result, args.json, text)
     return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
 

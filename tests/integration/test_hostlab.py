@@ -77,9 +77,21 @@ def status() -> dict[str, dict[str, Any]]:
     return {row["host"]: row for row in json.loads(proc.stdout)}
 
 
+def release_hosts(release: str) -> None:
+    """Make way for hosts of `release`: `make hostlab-down` when the hosts up run another
+    release's image (up leaves a running host alone, whatever it runs)."""
+    proc = subprocess.run([*HOSTLAB, "podman", "image", "inspect", "--format", "{{.Id}}",
+                           f"localhost/pyhpc-hostlab:{release}"], capture_output=True, text=True)
+    want = proc.stdout.strip() if proc.returncode == 0 else None
+    if any(row.get("image_id") not in (None, want) for row in status().values()):
+        _make("hostlab-down")
+
+
 @pytest.fixture(scope="module")
 def hostlab() -> dict[str, Any]:
-    """The hosts up: image (built or cached), then `make hostlab-up`; the figures measured."""
+    """Debian 13 hosts (the default release; test_hostlab_life.py runs Debian 12's) up:
+    image (built or cached), then `make hostlab-up`; the figures measured."""
+    release_hosts("trixie")
     out, first = _make("hostlab-image", timeout=1800)
     built = "image built in" in out
     _, cached = _make("hostlab-image")

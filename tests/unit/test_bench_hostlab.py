@@ -85,7 +85,8 @@ def test_inventory_copies_group_vars_and_leaves_the_stock_one_alone(tmp_path: Pa
 def test_cluster_doc_keeps_the_cpu_group_shape_and_drops_gpus() -> None:
     stock = yaml.safe_load((bench.STOCK / "cluster.yml").read_text())
     doc = bench.cluster_doc(stock, 4)
-    assert doc["nodes"] == [{"name": "cpu", "cpus": 2, "memory_mb": 1024, "count": 4}]
+    memory = stock["nodes"][0]["memory_mb"]
+    assert doc["nodes"] == [{"name": "cpu", "cpus": 2, "memory_mb": memory, "count": 4}]
     assert doc["partitions"] == [{"name": "cpu", "nodes": ["cpu1", "cpu2", "cpu3", "cpu4"],
                                   "default": True, "max_time": "1-00:00:00"}]
     assert doc["accounts"] == stock["accounts"] and doc["container_runtime"] == "podman"
