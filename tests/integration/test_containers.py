@@ -37,7 +37,7 @@ def _pyhpc(cwd: Path, *args: str, timeout: int = 300,
 @pytest.fixture(scope="module")
 def built() -> dict:
     """`pyhpc containers build --variant cpu` (what `make containers` runs); cached when unchanged."""
-    for tool in ("podman", "runc", "mmdebstrap"):
+    for tool in ("podman", "runc", "crun", "mmdebstrap"):
         assert shutil.which(tool), f"{tool} is missing: the containers role installs it (make deploy)"
     assert (paths.SHARED_SRC / TEMPLATE).read_bytes() == (paths.ROOT / TEMPLATE).read_bytes(), \
         "/opt/pyhpc/src is older than this checkout; run make deploy"
@@ -82,7 +82,8 @@ def test_two_node_job_runs_every_task_inside_the_image(built: dict, work: Path) 
         "import json, os, platform, torch\n"
         "print('PROBE', json.dumps({'rank': os.environ['RANK'], 'node': os.environ['SLURMD_NODENAME'],"
         " 'image': os.environ.get('PYHPC_IMAGE'), 'containerenv': os.path.exists('/run/.containerenv'),"
-        " 'torch': torch.__version__}))\n")
+        " 'torch': torch.__version__,"
+        " 'cgroup': [l for l in open('/proc/self/cgroup') if ':memory:' in l][0].strip()}))\n")
     proc = _pyhpc(work, "submit", "container", "--nodes", "2", "--set", f"script={probe}",
                   "--wait", "--json")
     result = json.loads(proc.stdout)
@@ -91,6 +92,8 @@ def test_two_node_job_runs_every_task_inside_the_image(built: dict, work: Path) 
     rows = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("PROBE ")]
     assert sorted((r["rank"], r["node"]) for r in rows) == [("0", "cpu1"), ("1", "cpu2")]
     assert all(r["image"] == "pyhpc-cpu" and r["containerenv"] for r in rows), rows
+    # Each task stays in its job's cgroup, so Slurm's confinement holds inside the image.
+    assert all(f"/job_{result['job_id']}/step_0" in r["cgroup"] for r in rows), rows
 
 
 def test_two_node_training_in_the_image_reports_throughput(built: dict, work: Path) -> None:

@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,6 +184,41 @@ def test_pyhpc_train_runs_across_two_hosts_from_login(cluster: dict[str, Any]) -
     hosts = [r["host"] for r in ranks]
     assert len(set(hosts)) == 2 and set(hosts) <= set(COMPUTE), ranks
     assert on("login", "stat", "--format=%a", f"{work}/run") == "700"
+
+
+#: hostlab's shared /opt/pyhpc on this machine (hostlab.py: STATE_DIR/shared/opt-pyhpc).
+SHARED_IMAGES = Path("/var/lib/pyhpc/hostlab/shared/opt-pyhpc/images")
+PROBE = """import json, os
+cgroup = [line for line in open("/proc/self/cgroup") if ":memory:" in line][0].strip()
+print("PROBE", json.dumps({"rank": os.environ["RANK"], "node": os.environ["SLURMD_NODENAME"],
+                           "containerenv": os.path.exists("/run/.containerenv"), "cgroup": cgroup}))
+"""
+
+
+def test_the_container_template_runs_across_hosts_from_login(cluster: dict[str, Any]) -> None:
+    """`pyhpc submit container` from login: each task inside the framework image on its
+    host (podman from the containers role), still in its job's cgroup."""
+    # The image is built once (`make containers` here, cached when unchanged; its build is
+    # test_containers.py's) and put on the cluster's shared /opt/pyhpc/images, as an admin does.
+    subprocess.run([sys.executable, "-m", "pyhpc", "containers", "build", "--variant", "cpu"],
+                   cwd=paths.ROOT, check=True, capture_output=True, timeout=1800)
+    SHARED_IMAGES.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["rsync", "-a", "--delete", "/opt/pyhpc/images/pyhpc-cpu/",
+                    f"{SHARED_IMAGES}/pyhpc-cpu/"], check=True, timeout=600)
+    work = "/home/hostlab-container"
+    on("login", "sh", "-c",
+       f"rm -rf {work} && mkdir -p {work} && printf %s {shlex.quote(PROBE)} > {work}/probe.py")
+    start = time.monotonic()
+    result = json.loads(pyhpc_on_login(work, "submit", "container", "--nodes", "2", "--partition", "all",
+                                       "--set", f"script={work}/probe.py", "--wait", "--json"))
+    print(f"hostlab: container template on 2 hosts: {time.monotonic() - start:.1f} s")
+    assert result["state"] == "COMPLETED", result
+    log = on("login", "sh", "-c", f"cat {work}/*-{result['job_id']}.out")
+    rows = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("PROBE ")]
+    assert sorted(r["rank"] for r in rows) == ["0", "1"], log
+    assert len({r["node"] for r in rows}) == 2 and {r["node"] for r in rows} <= set(COMPUTE), rows
+    assert all(r["containerenv"] for r in rows), rows
+    assert all(f"/job_{result['job_id']}/step_0" in r["cgroup"] for r in rows), rows
 
 
 def test_a_run_directory_only_login_has_fails_with_one_hint(cluster: dict[str, Any]) -> None:
