@@ -342,6 +342,24 @@ def test_restarting_the_lab_controller_leaves_hostlabs_alone(deployed: dict[str,
     assert subprocess.run(["service", "pyhpc-slurmctld", "status"], timeout=30).returncode == 0
 
 
+@pytest.mark.skipif(not Path("/etc/init.d/pyhpc-munge").exists(),
+                    reason="the single-host lab is not deployed on this machine")
+def test_the_labs_munged_is_found_by_its_pid_file_not_by_name(deployed: dict[str, Any]) -> None:
+    """The lab's munged died while hostlab's run: its init script says so and starts it,
+    where Debian's (by name) would see the hosts' munged and start nothing."""
+    pids = {host: on(host, "systemctl", "show", "--property=MainPID", "--value", "munge.service")
+            for host in HOSTS}
+    subprocess.run(["service", "pyhpc-munge", "stop"], check=True, timeout=60)
+    try:
+        assert subprocess.run(["service", "pyhpc-munge", "status"], timeout=30).returncode == 3
+        assert subprocess.run(["pgrep", "--exact", "munged"], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["service", "pyhpc-munge", "start"], check=True, timeout=60)
+    assert subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0
+    assert {host: on(host, "systemctl", "show", "--property=MainPID", "--value", "munge.service")
+            for host in HOSTS} == pids
+
+
 def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]) -> None:
     """Processes killed from outside (conmon first, so podman misses the exit) leave a
     host that podman lists as running; `make hostlab-up` must bring it back, not hang."""
