@@ -224,7 +224,9 @@ def recipe(release: str) -> str:
     """Hash of everything the image is built from: same hash, same image."""
     text = json.dumps({"release": release, "packages": PACKAGES, "sources": sources(release),
                        "files": image_files(), "site_cas": image_files(SITE_CAS),
-                       "hooks": hooks(), "version": 1}, sort_keys=True)
+                       # the hooks without this checkout's path: any clone, one image
+                       "hooks": [h.replace(str(ROOT), ".") for h in hooks()], "version": 1},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
