@@ -1,12 +1,15 @@
-"""Jobs on the lab cluster through the user-facing CLI (/opt/pyhpc/venv/bin/pyhpc).
+"""Jobs on the lab cluster through the user-facing CLI (/opt/pyhpc/venv/bin/pyhpc), as a
+researcher: the directory user user1 (`su - user1`), in their home.
 
 Real sbatch/srun/sacct, real submitit, real torch.distributed (gloo: the lab's
-GPUs are emulated). Every job is tiny: the machine has two cores.
+GPUs are emulated). Every job is tiny: the machine has two cores. Only what an
+admin does (scontrol requeue, scancel of a leftover) and reading results run as root.
 """
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 import urllib.error
@@ -15,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_directory import as_user, sh
 
 from pyhpc import paths
 
@@ -36,9 +40,34 @@ TEMPLATES = {
 }
 
 
+#: The researcher every job of this module runs as: a directory user of the lab's definition.
+RESEARCHER = "user1"
+
+
+def researcher(work: Path, command: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """A shell command as the researcher logged in (`su -`), in work."""
+    return sh("su", "-", RESEARCHER, "-c", f"cd {shlex.quote(str(work))} && {command}",
+              check=False, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def home() -> Path:
+    """The researcher's home (made on first login), without earlier runs' job directories."""
+    path = Path(as_user(RESEARCHER, "rm -rf ~/ci-jobs && cd && pwd").stdout.strip())
+    assert path.stat().st_uid != 0
+    return path
+
+
+@pytest.fixture
+def work(home: Path, request: pytest.FixtureRequest) -> Path:
+    """A job directory of the researcher's, in their home (every node sees it)."""
+    path = home / "ci-jobs" / request.node.name[:60]
+    as_user(RESEARCHER, f"mkdir -p {shlex.quote(str(path))}")
+    return path
+
+
 def pyhpc(work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(paths.SHARED_VENV / "bin" / "pyhpc"), *args], cwd=work,
-                          capture_output=True, text=True, timeout=300)
+    proc = researcher(work, f"{paths.SHARED_VENV / 'bin' / 'pyhpc'} {shlex.join(args)}")
     if check:
         assert proc.returncode == 0, f"pyhpc {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
     return proc
@@ -127,8 +156,8 @@ def test_jupyter_template_prints_the_ssh_tunnel(work: Path) -> None:
     assert json.loads(proc.stdout)["state"] == "COMPLETED"
     log = pyhpc(work, "logs", job).stdout
     # The lab's nodes all have NodeAddr=127.0.0.1: the server binds that, never 0.0.0.0.
-    assert "ssh -N -L 8899:127.0.0.1:8899 root@login.example.org" in log
-    state = Path.home() / ".pyhpc" / "jupyter"
+    assert f"ssh -N -L 8899:127.0.0.1:8899 {RESEARCHER}@login.example.org" in log
+    state = work.parent.parent / ".pyhpc" / "jupyter"
     token = (state / f"{job}.token").read_text().strip()
     assert len(token) == 48 and token not in log
     assert (state / f"{job}.token").stat().st_mode & 0o777 == 0o600
@@ -145,12 +174,9 @@ def _http_status(url: str) -> int:
 
 def test_jupyterlab_answers_with_its_token_and_refuses_without(work: Path) -> None:
     port = 20000 + uuid.uuid4().int % 20000
-    # The lab's tests run as root, which JupyterLab refuses without --allow-root; a
-    # researcher's job runs as the researcher and needs no such flag.
-    proc = pyhpc(work, "submit", "jupyter", "--set", f"port={port}", "--set",
-                 "jupyter=/opt/pyhpc/venv/bin/jupyter lab --allow-root", "--json")
+    proc = pyhpc(work, "submit", "jupyter", "--set", f"port={port}", "--json")
     job = json.loads(proc.stdout)["job_id"]
-    token_file = Path.home() / ".pyhpc" / "jupyter" / f"{job}.token"
+    token_file = work.parent.parent / ".pyhpc" / "jupyter" / f"{job}.token"
     base = f"http://127.0.0.1:{port}/api/status"
     try:
         deadline, status = time.monotonic() + 180, 0
@@ -273,9 +299,8 @@ print(json.dumps({"job_id": job.job_id, "results": job.results()}))
 
 
 def test_python_api_sets_up_torch_distributed_on_every_task(work: Path) -> None:
-    (work / "api.py").write_text(API_SCRIPT)
-    proc = subprocess.run(["/opt/pyhpc/venv/bin/python", "api.py"], cwd=work,
-                          capture_output=True, text=True, timeout=300)
+    as_user(RESEARCHER, f"printf %s {shlex.quote(API_SCRIPT)} > {shlex.quote(str(work / 'api.py'))}")
+    proc = researcher(work, "/opt/pyhpc/venv/bin/python api.py")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
     results = out["results"]

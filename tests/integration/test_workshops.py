@@ -1,8 +1,9 @@
 """The workshop notebooks run as written: executed top to bottom on the lab, from the
-login node's environment (/opt/pyhpc/venv's Jupyter). Notebooks 1 and 2 run as a new
+login node's environment (/opt/pyhpc/venv's Jupyter). Notebooks 1 to 3 run as a new
 workshop participant: the instructor creates the workshop, the participant logs in with
 `su -` as the sheet says, exports the reservation as the sheet says, and executes them
-in their home. Notebooks 3 and 4 run as root (4 builds the image first, an admin step).
+in their home. Notebook 4 runs as root: the lab's podman runs containers as root only
+(README, known limits).
 
 `jupyter nbconvert --execute` stops at the first cell that raises, exactly as a
 participant would see it; each notebook also asserts its own results (accuracy,
@@ -32,7 +33,7 @@ JUPYTER = paths.SHARED_VENV / "bin" / "jupyter"
 
 
 def execute(notebook: Path, work: Path) -> dict:
-    """Run ``notebook`` in ``work`` (a copy, so the repository's stays stripped)."""
+    """Run ``notebook`` as root in ``work`` (a copy, so the repository's stays stripped)."""
     copy = work / notebook.name
     shutil.copy(notebook, copy)
     proc = subprocess.run([str(JUPYTER), "nbconvert", "--to", "notebook", "--execute", "--inplace",
@@ -62,8 +63,6 @@ def participant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     workshop("delete", PARTICIPANTS_WORKSHOP, "--homes", check=False)
 
 
-# Notebooks 3 and 4 run before the participant's: their jobs (root's) could not start on
-# the nodes the participant's workshop reserves.
 def execute_as(row: dict[str, str], notebook: Path) -> dict:
     """What the sheet says: log in, make jobs use the reservation, run the notebook in the
     participant's own home (their copy of the workshop's notebook)."""
@@ -91,11 +90,7 @@ def test_the_workshop_has_the_four_notebooks() -> None:
                                            "03-why-gpus-data-movement.ipynb", "04-containers.ipynb"]
 
 
-def test_notebook_3_why_gpus_data_movement(work: Path) -> None:
-    out = text_output(execute(NOTEBOOKS[2], work))
-    assert "all-reduce backend gloo" in out
-
-
+# Before the participant's workshop: root's jobs could not start on the nodes it reserves.
 def test_notebook_4_containers(work: Path) -> None:
     # The admin's step before the workshop (`make containers`); cached when built already.
     subprocess.run([sys.executable, "-m", "pyhpc", "containers", "build", "--variant", "cpu"],
@@ -120,3 +115,8 @@ def test_notebook_2_one_node_to_two_as_a_new_participant(participant: dict[str, 
     assert "efficiency" in out and plot.is_file()
     assert plot.stat().st_uid == (home / "workshop").stat().st_uid != 0
     print(f"sheet to notebook 2 done: {time.monotonic() - float(participant['handed_out']):.0f} s")
+
+
+def test_notebook_3_why_gpus_data_movement_as_a_new_participant(participant: dict[str, str]) -> None:
+    out = text_output(execute_as(participant, NOTEBOOKS[2]))
+    assert "all-reduce backend gloo" in out
