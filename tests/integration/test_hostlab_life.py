@@ -1,23 +1,18 @@
-"""hostlab on Debian 12 hosts: pyhpc from the login host across hosts, and the life
-cycle: add and remove a compute host, restart a compute host and the controller host
-mid-job.
+"""hostlab life cycle on Debian 13 hosts (Slurm 24.11): add and remove a compute host,
+restart the controller host mid-job. (A compute host's restart mid-job is
+test_hostlab_pyhpc.py's, with a `pyhpc train` job on Debian 12 hosts.)
 
-Debian 12 (Slurm 22.05, Python 3.11), while test_hostlab.py runs Debian 13 (Slurm
-24.11): the same roles on both, and only on Debian 12 do the hosts get the pyhpc
-environment (this machine's CPU torch wheel is for Python 3.11). The same commands an
-admin runs on a real cluster: edit the definition and the inventory, `make hostlab-up`
-(the new host's machine) and `make hostlab-deploy`. The changed topology lives in a
-copy of the hostlab inventory ($HOSTLAB_INVENTORY), so the repository's stays as it is.
+The same commands an admin runs on a real cluster: edit the definition and the
+inventory, `make hostlab-up` (the new host's machine) and `make hostlab-deploy`. The
+changed topology lives in a copy of the hostlab inventory ($HOSTLAB_INVENTORY), so
+the repository's stays as it is. Runs after test_hostlab.py, which leaves the hosts up.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,12 +31,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
 
 INVENTORY_DIR = paths.ROOT / "ansible" / "inventories" / "hostlab"
 NEW_HOST = "cpu2"
-RELEASE = "bookworm"
 
 
-def make_with(target: str, inventory: Path | None = None, timeout: int = 1800) -> tuple[str, float]:
-    """`make TARGET` for Debian 12 hosts, with HOSTLAB_INVENTORY=inventory where given."""
-    env = dict(os.environ, HOSTLAB_INVENTORY=str(inventory or INVENTORY_DIR), HOSTLAB_RELEASE=RELEASE)
+def make_with(target: str, inventory: Path | None = None, timeout: int = 1800,
+              release: str = "trixie") -> tuple[str, float]:
+    """`make TARGET` for hosts of `release`, with HOSTLAB_INVENTORY=inventory where given."""
+    env = dict(os.environ, HOSTLAB_INVENTORY=str(inventory or INVENTORY_DIR), HOSTLAB_RELEASE=release)
     start = time.monotonic()
     proc = subprocess.run(["make", "--no-print-directory", target], cwd=paths.ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -88,16 +83,21 @@ def invocations(units: dict[str, str]) -> dict[str, str]:
             for host, unit in units.items()}
 
 
-@pytest.fixture(scope="module")
-def cluster() -> dict[str, Any]:
-    """The repository's hostlab on Debian 12 hosts, converged."""
-    release_hosts(RELEASE)
-    _, image = make_with("hostlab-image")
-    _, up = make_with("hostlab-up")
-    _, deploy = make_with("hostlab-deploy")
-    print(f"hostlab ({RELEASE}): image {image:.1f} s, up {up:.1f} s, deploy {deploy:.1f} s")
+def converge(release: str) -> None:
+    """The repository's hostlab on hosts of `release`, converged, with no job left over."""
+    release_hosts(release)
+    _, image = make_with("hostlab-image", release=release)
+    _, up = make_with("hostlab-up", release=release)
+    _, deploy = make_with("hostlab-deploy", release=release)
+    print(f"hostlab ({release}): image {image:.1f} s, up {up:.1f} s, deploy {deploy:.1f} s")
     on("login", "scancel", "--user=root")  # what an earlier, failed run of these tests left
     wait_for("every compute host idle", lambda: set(node_states().values()) == {"idle"})
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict[str, Any]:
+    """The repository's hostlab on Debian 13 hosts (test_hostlab.py's), converged."""
+    converge("trixie")
     return {}
 
 
@@ -155,117 +155,6 @@ def test_removing_a_compute_host_drains_it_first_and_kills_no_job(
     assert sacct_state(job) == "COMPLETED"
     assert NEW_HOST not in node_states()
     _run([*HOSTLAB, "podman", "rm", "--force", NEW_HOST])
-
-
-def pyhpc_on_login(workdir: str, *args: str) -> str:
-    """pyhpc on the login host, run from workdir (created first); its stdout."""
-    command = f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)} && pyhpc {shlex.join(args)}"
-    return on("login", "sh", "-c", command)
-
-
-def history(run: str) -> list[dict[str, Any]]:
-    proc = run_on("login", "cat", f"{run}/history.json")
-    try:
-        return json.loads(proc.stdout) if proc.returncode == 0 else []
-    except ValueError:  # between the epoch's write and rename only a reader of .tmp sees half
-        return []
-
-
-def test_pyhpc_train_runs_across_two_hosts_from_login(cluster: dict[str, Any]) -> None:
-    work = "/home/hostlab-train"
-    on("login", "rm", "-rf", work)
-    start = time.monotonic()
-    text = pyhpc_on_login(work, "train", "--nodes", "2", "--partition", "all", "--epochs", "2",
-                          "--out", f"{work}/run", "--wait")
-    print(f"hostlab: pyhpc train --nodes 2 from login: {time.monotonic() - start:.1f} s\n{text}")
-    assert re.search(r"^job \d+ COMPLETED: ", text, re.M), text
-    assert re.search(r"throughput\s+[\d.]+ samples/s on 2 workers", text), text
-    ranks = [json.loads(line) for line in on("login", "cat", f"{work}/run/ranks.jsonl").splitlines()]
-    hosts = [r["host"] for r in ranks]
-    assert len(set(hosts)) == 2 and set(hosts) <= set(COMPUTE), ranks
-    assert on("login", "stat", "--format=%a", f"{work}/run") == "700"
-
-
-#: hostlab's shared /opt/pyhpc on this machine (hostlab.py: STATE_DIR/shared/opt-pyhpc).
-SHARED_IMAGES = Path("/var/lib/pyhpc/hostlab/shared/opt-pyhpc/images")
-PROBE = """import json, os
-cgroup = [line for line in open("/proc/self/cgroup") if ":memory:" in line][0].strip()
-print("PROBE", json.dumps({"rank": os.environ["RANK"], "node": os.environ["SLURMD_NODENAME"],
-                           "containerenv": os.path.exists("/run/.containerenv"), "cgroup": cgroup}))
-"""
-
-
-def test_the_container_template_runs_across_hosts_from_login(cluster: dict[str, Any]) -> None:
-    """`pyhpc submit container` from login: each task inside the framework image on its
-    host (podman from the containers role), still in its job's cgroup."""
-    # The image is built once (`make containers` here, cached when unchanged; its build is
-    # test_containers.py's) and put on the cluster's shared /opt/pyhpc/images, as an admin does.
-    subprocess.run([sys.executable, "-m", "pyhpc", "containers", "build", "--variant", "cpu"],
-                   cwd=paths.ROOT, check=True, capture_output=True, timeout=1800)
-    SHARED_IMAGES.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["rsync", "-a", "--delete", "/opt/pyhpc/images/pyhpc-cpu/",
-                    f"{SHARED_IMAGES}/pyhpc-cpu/"], check=True, timeout=600)
-    work = "/home/hostlab-container"
-    on("login", "sh", "-c",
-       f"rm -rf {work} && mkdir -p {work} && printf %s {shlex.quote(PROBE)} > {work}/probe.py")
-    start = time.monotonic()
-    result = json.loads(pyhpc_on_login(work, "submit", "container", "--nodes", "2", "--partition", "all",
-                                       "--set", f"script={work}/probe.py", "--wait", "--json"))
-    print(f"hostlab: container template on 2 hosts: {time.monotonic() - start:.1f} s")
-    assert result["state"] == "COMPLETED", result
-    log = on("login", "sh", "-c", f"cat {work}/*-{result['job_id']}.out")
-    rows = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("PROBE ")]
-    assert sorted(r["rank"] for r in rows) == ["0", "1"], log
-    assert len({r["node"] for r in rows}) == 2 and {r["node"] for r in rows} <= set(COMPUTE), rows
-    assert all(r["containerenv"] for r in rows), rows
-    assert all(f"/job_{result['job_id']}/step_0" in r["cgroup"] for r in rows), rows
-
-
-def test_a_run_directory_only_login_has_fails_with_one_hint(cluster: dict[str, Any]) -> None:
-    """/tmp is the login host's own: the compute host cannot write the run there."""
-    proc = run_on("login", "sh", "-c", "cd /tmp && pyhpc train --nodes 1 --epochs 1 --out /tmp/run --wait")
-    assert proc.returncode == 1
-    assert re.search(r"^job (\d+) FAILED: /tmp/run$", proc.stdout, re.M), proc.stdout
-    assert "no epoch reached /tmp/run: it must be on storage the compute nodes share" in proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr
-
-
-def test_a_compute_host_restarted_mid_job_returns_and_its_training_resumes(
-        cluster: dict[str, Any]) -> None:
-    """A reboot of the host a `pyhpc train` job runs on: the host comes back into service at
-    the address it had, Slurm requeues the job, and it resumes from its checkpoint: every
-    epoch once, the later ones from the second attempt."""
-    host, work, epochs = "gpu1", "/home/hostlab-reboot", 8
-    on("login", "rm", "-rf", work)
-    out = pyhpc_on_login(work, "train", "--nodes", "2", "--partition", "gpu", "--mode", "synthetic",
-                         "--synthetic-samples", "8192", "--epochs", str(epochs), "--out", f"{work}/run",
-                         "--json")
-    job = json.loads(out)["job_id"]
-    wait_for("two epochs checkpointed", lambda: len(history(f"{work}/run")) >= 2, timeout=240, every=1)
-    assert on("login", "squeue", "--noheader", f"--jobs={job}", "--format=%B") == host  # the batch host
-    before = on("login", "getent", "hosts", host).split()[0]
-    start = time.monotonic()
-    _run([*HOSTLAB, "podman", "restart", host], timeout=180)
-    wait_for(f"{host} back in service", lambda: node_states().get(host) in ("idle", "mix", "alloc"),
-             timeout=400, every=5)
-    # Slurm holds a requeued job a while (its old launch credential must expire); let it
-    # go a few seconds after it is pending again, as test_jobs.py's requeue test does.
-    def requeued() -> str | None:
-        shown = run_on("login", "scontrol", "show", "job", job).stdout
-        restarts, state = re.search(r"Restarts=(\d+)", shown), re.search(r"JobState=(\w+)", shown)
-        return state[1] if restarts and state and int(restarts[1]) >= 1 else None
-
-    if wait_for("the job requeued", requeued, timeout=300) == "PENDING":
-        run_on("login", "scontrol", "update", f"JobId={job}", "StartTime=now+5")
-    assert sacct_state(job, wait=400) == "COMPLETED"
-    print(f"hostlab: {host} restarted mid-job: training done {time.monotonic() - start:.0f} s later")
-    assert on("login", "getent", "hosts", host).split()[0] == before
-    done = history(f"{work}/run")
-    assert [h["epoch"] for h in done] == list(range(epochs)), done
-    attempts = [h["attempt"] for h in done]
-    assert attempts[0] == 0 and attempts[-1] >= 1, attempts
-    log = on("login", "sh", "-c", f"cat {work}/pyhpc-jobs/{job}/*_log.out")
-    assert "pyhpc.train: resuming from checkpoint after epoch" in log, log
 
 
 def test_restarting_the_controller_host_keeps_the_queue(cluster: dict[str, Any]) -> None:
