@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative, no package).
-from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, on, run_on, sacct_state
+from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, on, run_on
 from test_hostlab_life import converge, node_states, wait_for
 
 from pyhpc import paths
@@ -129,14 +129,26 @@ def test_a_compute_host_restarted_mid_job_returns_and_its_training_resumes(
              timeout=400, every=5)
     # Slurm holds a requeued job a while (its old launch credential must expire); let it
     # go a few seconds after it is pending again, as test_jobs.py's requeue test does.
+    def shown() -> tuple[int, str]:
+        """slurmctld's restart count and state of the job (sacct may still hold the first
+        attempt's NODE_FAIL as the job's latest record)."""
+        text = run_on("login", "scontrol", "show", "job", job).stdout
+        restarts, state = re.search(r"Restarts=(\d+)", text), re.search(r"JobState=(\w+)", text)
+        return (int(restarts[1]) if restarts else 0), (state[1] if state else "")
+
     def requeued() -> str | None:
-        shown = run_on("login", "scontrol", "show", "job", job).stdout
-        restarts, state = re.search(r"Restarts=(\d+)", shown), re.search(r"JobState=(\w+)", shown)
-        return state[1] if restarts and state and int(restarts[1]) >= 1 else None
+        restarts, state = shown()
+        return state if restarts >= 1 and state != "REQUEUED" else None
 
     if wait_for("the job requeued", requeued, timeout=300) == "PENDING":
         run_on("login", "scontrol", "update", f"JobId={job}", "StartTime=now+5")
-    assert sacct_state(job, wait=400) == "COMPLETED"
+
+    def ended() -> str | None:
+        _, state = shown()
+        return state if state not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED") \
+            else None
+
+    assert wait_for("the requeued job's end", ended, timeout=400, every=3) == "COMPLETED"
     print(f"hostlab: {host} restarted mid-job: training done {time.monotonic() - start:.0f} s later")
     assert on("login", "getent", "hosts", host).split()[0] == before
     done = history(f"{work}/run")
