@@ -154,6 +154,10 @@ def export(var: Variant, ref: str, dest: Path) -> Path:
             run(["tar", "-x", "--numeric-owner", "-C", str(new)], stdin=exp.stdout)
     finally:
         podman("rm", cid, capture=True)
+    # podman's runtime marker is bind-mounted on this file; a researcher's (rootless)
+    # podman cannot create it in the shared rootfs. The image's mount_points are in it.
+    (new / "run").mkdir(mode=0o755, exist_ok=True)
+    (new / "run" / ".containerenv").touch(mode=0o644)
     # One KEY=VALUE a line, unquoted (podman's format): containers.env_file refuses any
     # key or value that could split a line.
     (dest / "env.new").write_text(containers.env_file(var))

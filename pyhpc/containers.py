@@ -43,7 +43,7 @@ PATH_DEFAULT = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: validate.KINDS kind of pip and Debian package names (letters, digits, '._+-').
 PACKAGE_KIND = "job"
 #: The keys each mapping of the spec may hold.
-SPEC_KEYS = ("environment", "name", "packages", "torch", "variants", "venv")
+SPEC_KEYS = ("environment", "mount_points", "name", "packages", "torch", "variants", "venv")
 VARIANT_KEYS = ("base", "cuda", "description", "nccl", "python", "wheels")
 BASE_KEYS = ("bootstrap", "image", "mirror", "packages", "sources", "suite")
 WHEEL_KEYS = ("extra_index_url", "find_links", "index_url")
@@ -70,6 +70,8 @@ class Variant:
     venv: str
     wheels: dict[str, Any]
     spec_sha256: str
+    #: Directories the container template mounts host paths on (see containers/spec.yml).
+    mount_points: tuple[str, ...] = ()
 
     @property
     def base_packages(self) -> list[tuple[str, str]]:
@@ -244,6 +246,8 @@ def check_spec(spec: object) -> dict[str, Any]:
     _version("torch", _need("spec", data, "torch", "the torch version"))
     _pins("packages", data.get("packages", {}))
     _name("venv", _need("spec", data, "venv", "virtualenv path in the image"), "abspath")
+    for i, path in enumerate(_list("mount_points", data.get("mount_points", []))):
+        _name(f"mount_points[{i}]", path, "abspath")
     for key, value in _mapping("environment", data.get("environment", {})).items():
         _env_value(f"environment.{_name('environment', key, 'env')}", value)
     variants = _mapping("variants", _need("spec", data, "variants",
@@ -279,7 +283,7 @@ def variant(name: str, spec: dict[str, Any] | None = None, torch: str | None = N
         cuda=var.get("cuda", "none"), nccl=var.get("nccl", "none"),
         torch=pinned, packages=dict(sorted(packages.items())),
         environment={k: _env_value(f"environment.{k}", v) for k, v in environment.items()},
-        venv=spec["venv"], wheels=var["wheels"],
+        venv=spec["venv"], wheels=var["wheels"], mount_points=tuple(spec.get("mount_points", [])),
         spec_sha256=hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest())
 
 
@@ -344,6 +348,7 @@ def _context(var: Variant) -> dict[str, Any]:
     return {
         "image": var.image, "variant": var.name, "base": var.base, "python": var.python,
         "cuda": var.cuda, "nccl": var.nccl, "torch": var.torch, "venv": var.venv,
+        "mount_points": var.mount_points,
         "labels": var.labels(), "env": var.env(), "base_packages": var.base_packages,
         # Packages the Containerfile installs itself: those of a base not bootstrapped here.
         "os_packages": [] if var.base.get("bootstrap") else var.base_packages,

@@ -68,6 +68,8 @@ def specs(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
         "name": (spec, "name", either(NAME)),
         "torch": (spec, "torch", either(VERSION)),
         "venv": (spec, "venv", either(st.sampled_from(["/opt/venv", "/x/y.z", "/a b", "rel"]))),
+        "mount_points": (spec, "mount_points", st.lists(either(st.sampled_from(
+            ["/scratch", "/x/y.z", "/a b", "rel", "/home"])), min_size=1, max_size=3)),
         "environment": (spec, "environment", st.dictionaries(
             either(ENV_KEY), either(PRINTABLE), max_size=4)),
         "packages": (spec, "packages", st.dictionaries(either(NAME), either(VERSION),
@@ -153,7 +155,11 @@ def check_rendered(var: Variant) -> None:
     assert _pairs(blocks["LABEL"], "LABEL") == labels
     assert _pairs(blocks["ENV"], "ENV") == env
     run = instructions[-3]
-    assert run.count("'") == 2 and f"== {containers.python_literal(var.torch)}, " in run
+    mkdir = ["mkdir", "-p", *var.mount_points]
+    assert [shlex.split(line) for line in run.splitlines()
+            if line.startswith("    mkdir ")] == [mkdir]
+    quotes = sum(shlex.quote(path).count("'") for path in var.mount_points)
+    assert run.count("'") == 2 + quotes and f"== {containers.python_literal(var.torch)}, " in run
 
     text = containers.render(var, "apptainer")
     names = [name for name, _ in _sections(text)]
@@ -169,6 +175,8 @@ def check_rendered(var: Variant) -> None:
                if line.strip()]
     assert exports == [["export", f"{k}={v}"] for k, v in env]
     _sh_n(sections["%environment"] + sections["%post"])
+    assert [shlex.split(line) for line in sections["%post"].splitlines()
+            if line.strip().startswith("mkdir ")] == [mkdir]
 
     script = containers.render_script(var, "pyhpc-selftest")
     benign_script = containers.render_script(benign, "pyhpc-selftest")
@@ -212,7 +220,8 @@ def test_any_spec_is_refused_or_renders_with_the_benign_structure(
 @given(st.sampled_from(VARIANTS), st.fixed_dictionaries({}, optional={
     key: HOSTILE_VALUE for key in ("description", "image", "torch", "python", "cuda",
                                    "nccl")} | {
-    "environment": st.dictionaries(ENV_KEY, HOSTILE_VALUE, max_size=3)}))
+    "environment": st.dictionaries(ENV_KEY, HOSTILE_VALUE, max_size=3),
+    "mount_points": st.lists(HOSTILE_VALUE, min_size=1, max_size=3).map(tuple)}))
 def test_templates_quote_what_the_spec_check_would_refuse(name: str,
                                                           values: dict[str, Any]) -> None:
     """Skip the spec check: hostile values reach the templates, which refuse a line break
@@ -225,7 +234,8 @@ def test_templates_quote_what_the_spec_check_would_refuse(name: str,
         event("refused by the templates")
         assert str(exc).startswith(("render: ", "environment")), exc
         assert any(not str(v).isprintable() for v in [*values.values(),
-                                                      *values.get("environment", {}).values()])
+                                                      *values.get("environment", {}).values(),
+                                                      *values.get("mount_points", ())])
 
 
 @pytest.mark.parametrize("name", VARIANTS)

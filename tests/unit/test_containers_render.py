@@ -210,6 +210,36 @@ def test_container_job_wraps_the_bare_job_line() -> None:
                                "/opt/pyhpc/venv/bin/python" + tail)
 
 
+@pytest.mark.parametrize(("submit_dir", "mount"), [
+    ("/home/alice/my run", "/home"),
+    ("/tmp/job", "/tmp"),
+    ("/opt/pyhpc/src", "/opt/pyhpc/src"),
+    ("/scratch/alice/run", "/scratch/alice/run"),
+])
+def test_podman_mounts_each_host_path_through_its_deepest_directory_in_the_image(
+        submit_dir: str, mount: str, tmp_path: Path) -> None:
+    """A rootless podman cannot create a mount point in the shared rootfs: the submit dir
+    and each bind are mounted, at the same path, through the deepest directory above them
+    that the image has; with none (here /scratch), as themselves (root only)."""
+    from pyhpc import cluster, paths, render
+
+    image = tmp_path / "image"
+    for path in ("home", "tmp", "srv", "opt/pyhpc/src"):
+        (image / "rootfs" / path).mkdir(parents=True)
+    text = render.render("container", {"module": "pyhpc.train", "image": str(image),
+                                       "binds": "/srv/data/set-1,/scratch/run-1"},
+                         cluster.load(paths.LAB_CLUSTER))
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    proc = subprocess.run(["bash", "-euc", 'srun() { printf "%s\\n" "$@"; }\n' + srun],
+                          env={"SLURM_SUBMIT_DIR": submit_dir, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, check=True)
+    words = proc.stdout.splitlines()
+    volumes = [words[i + 1] for i, word in enumerate(words) if word == "--volume"]
+    assert volumes == ["/tmp:/tmp", "/opt/pyhpc/src:/opt/pyhpc/src:ro", f"{mount}:{mount}",
+                       "/srv:/srv", "/scratch/run-1:/scratch/run-1"]
+    assert words[words.index("--workdir") + 1] == submit_dir
+
+
 @pytest.mark.parametrize(("values", "message"), [
     ({"image": "/images/x; rm -rf /"}, r"^image: '/images/x; rm -rf /' is not allowed"),
     ({"image": "--fakeroot"}, r"^image: '--fakeroot' is not allowed"),
@@ -278,6 +308,7 @@ ESCAPES = {
     "variants.cpu.base.sources": ["deb http://deb.debian.org/debian bookworm main\nSOURCES"],
     "variants.cpu.wheels.find_links": ["/opt/wheels --index-url http://evil"],
     "venv": "/opt/pyhpc/venv; id",
+    "mount_points": ["/scratch\nRUN id"],
     "packages.numpy": "2.4.6\nRUN id",
 }
 
@@ -291,7 +322,7 @@ def test_spec_value_that_could_escape_is_one_error_and_nothing_written(
     code, err = run_cli(["containers", "render", "--variant", "cpu", "--format", fmt,
                          "-o", str(out)], capsys)
     assert code == 2
-    where = re.sub(r"\.(sources|find_links)$", r".\1[0]", key)
+    where = re.sub(r"(\.sources|\.find_links|^mount_points)$", r"\1[0]", key)
     assert err.startswith(f"pyhpc: error: {where}: ") and err.count("\n") == 1, err
     assert not out.exists()
 
@@ -352,6 +383,7 @@ WRONG_TYPES = {
     "variants.cpu.base.sources": ({"deb": "x"}, "must be a list, got a mapping"),
     "variants.cpu.wheels": (["/opt/wheels"], "must be a mapping (key: value), got a list"),
     "variants.cpu.wheels.find_links": ({"a": "/opt/wheels"}, "must be a list, got a mapping"),
+    "mount_points": ("/scratch", "must be a list, got text"),
 }
 
 
