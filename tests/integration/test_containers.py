@@ -1,17 +1,20 @@
 """The framework image on the lab: built offline with podman, self-tested, run under Slurm.
 
 Real podman (vfs, runc, chroot isolation), real mmdebstrap, real sbatch/srun and
-torch.distributed (gloo) across the lab's two CPU nodes, each task in the image.
+torch.distributed (gloo) across the lab's two CPU nodes, each task in the image: root's
+jobs, and a researcher's (the directory user user1, podman rootless) from their home.
 """
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_directory import as_user
 
 from pyhpc import container_build, paths
 
@@ -76,24 +79,71 @@ def test_second_build_is_cached_and_builds_nothing(built: dict) -> None:
     assert json.loads((IMAGE_DIR / "image.json").read_text())["image_id"] == built["image_id"]
 
 
-def test_two_node_job_runs_every_task_inside_the_image(built: dict, work: Path) -> None:
-    probe = work / "probe.py"
-    probe.write_text(
-        "import json, os, platform, torch\n"
-        "print('PROBE', json.dumps({'rank': os.environ['RANK'], 'node': os.environ['SLURMD_NODENAME'],"
-        " 'image': os.environ.get('PYHPC_IMAGE'), 'containerenv': os.path.exists('/run/.containerenv'),"
-        " 'torch': torch.__version__,"
-        " 'cgroup': [l for l in open('/proc/self/cgroup') if ':memory:' in l][0].strip()}))\n")
-    proc = _pyhpc(work, "submit", "container", "--nodes", "2", "--set", f"script={probe}",
-                  "--wait", "--json")
-    result = json.loads(proc.stdout)
-    assert result["state"] == "COMPLETED"
-    log = next(work.glob(f"*-{result['job_id']}.out")).read_text()
+#: Each task prints where it runs, and writes a file in the submit directory.
+PROBE = (
+    "import json, os, torch\n"
+    "open(f'rank-{os.environ[\"RANK\"]}.txt', 'w').write('ok')\n"
+    "print('PROBE', json.dumps({'rank': os.environ['RANK'], 'node': os.environ['SLURMD_NODENAME'],"
+    " 'image': os.environ.get('PYHPC_IMAGE'), 'containerenv': os.path.exists('/run/.containerenv'),"
+    " 'torch': torch.__version__,"
+    " 'cgroup': [l for l in open('/proc/self/cgroup') if ':memory:' in l][0].strip()}))\n")
+
+
+def probe_rows(work: Path, job_id: str) -> list[dict]:
+    """The PROBE lines of a job's log, after checking each rank ran in the image."""
+    log = next(work.glob(f"*-{job_id}.out")).read_text()
+    print(log)
     rows = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("PROBE ")]
     assert sorted((r["rank"], r["node"]) for r in rows) == [("0", "cpu1"), ("1", "cpu2")]
     assert all(r["image"] == "pyhpc-cpu" and r["containerenv"] for r in rows), rows
     # Each task stays in its job's cgroup, so Slurm's confinement holds inside the image.
-    assert all(f"/job_{result['job_id']}/step_0" in r["cgroup"] for r in rows), rows
+    assert all(f"/job_{job_id}/step_0" in r["cgroup"] for r in rows), rows
+    return rows
+
+
+def rootfs_entries() -> list[str]:
+    """What a job could leave in the shared rootfs: its top level and the mount points' parents."""
+    rootfs = IMAGE_DIR / "rootfs"
+    return sorted(str(p.relative_to(rootfs)) for d in ("", "home", "tmp", "run", "opt/pyhpc")
+                  for p in (rootfs / d).iterdir())
+
+
+def test_two_node_job_runs_every_task_inside_the_image(built: dict, work: Path) -> None:
+    probe = work / "probe.py"
+    probe.write_text(PROBE)
+    before = rootfs_entries()
+    proc = _pyhpc(work, "submit", "container", "--nodes", "2", "--set", f"script={probe}",
+                  "--wait", "--json")
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    probe_rows(work, result["job_id"])
+    assert (work / "rank-1.txt").read_text() == "ok"
+    assert rootfs_entries() == before
+
+
+RESEARCHER = "user1"
+
+
+def test_researchers_two_node_job_runs_rootless_inside_the_image_in_the_jobs_cgroup(
+        built: dict) -> None:
+    """A directory user (no subuid ranges) from their home: podman rootless, one uid mapped."""
+    home = Path(as_user(RESEARCHER, "cd && pwd").stdout.strip())
+    work = home / "ci-containers"
+    as_user(RESEARCHER, f"rm -rf {work} && mkdir -p {work} && printf %s {shlex.quote(PROBE)} "
+                        f"> {work}/probe.py")
+    before = rootfs_entries()
+    proc = as_user(RESEARCHER, f"cd {work} && {DEPLOYED_CLI[0]} submit container --nodes 2 "
+                               f"--set script={work}/probe.py --wait --json", check=False)
+    print(proc.stdout, proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["state"] == "COMPLETED"
+    probe_rows(work, result["job_id"])
+    uid = home.stat().st_uid
+    assert uid != 0
+    # The files the tasks wrote are the researcher's; nothing was added to the shared image.
+    assert {p.stat().st_uid for p in work.glob("rank-*.txt")} == {uid}
+    assert rootfs_entries() == before
 
 
 def test_two_node_training_in_the_image_reports_throughput(built: dict, work: Path) -> None:

@@ -1,9 +1,8 @@
 """The workshop notebooks run as written: executed top to bottom on the lab, from the
-login node's environment (/opt/pyhpc/venv's Jupyter). Notebooks 1 to 3 run as a new
-workshop participant: the instructor creates the workshop, the participant logs in with
-`su -` as the sheet says, exports the reservation as the sheet says, and executes them
-in their home. Notebook 4 runs as root: the lab's podman runs containers as root only
-(README, known limits).
+login node's environment (/opt/pyhpc/venv's Jupyter), as a new workshop participant:
+the instructor creates the workshop, the participant logs in with `su -` as the sheet
+says, exports the reservation as the sheet says, and executes them in their home.
+Notebook 4's container jobs run podman rootless, as the participant.
 
 `jupyter nbconvert --execute` stops at the first cell that raises, exactly as a
 participant would see it; each notebook also asserts its own results (accuracy,
@@ -14,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -30,18 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is
 
 NOTEBOOKS = sorted((paths.ROOT / "workshops").glob("*.ipynb"))
 JUPYTER = paths.SHARED_VENV / "bin" / "jupyter"
-
-
-def execute(notebook: Path, work: Path) -> dict:
-    """Run ``notebook`` as root in ``work`` (a copy, so the repository's stays stripped)."""
-    copy = work / notebook.name
-    shutil.copy(notebook, copy)
-    proc = subprocess.run([str(JUPYTER), "nbconvert", "--to", "notebook", "--execute", "--inplace",
-                           "--ExecutePreprocessor.timeout=900", copy.name],
-                          cwd=work, capture_output=True, text=True, timeout=1800)
-    print(proc.stdout[-4000:], proc.stderr[-4000:])
-    assert proc.returncode == 0, f"{notebook.name} failed:\n{proc.stderr[-4000:]}"
-    return json.loads(copy.read_text())
 
 
 PARTICIPANTS_WORKSHOP = "nbws"
@@ -90,15 +76,6 @@ def test_the_workshop_has_the_four_notebooks() -> None:
                                            "03-why-gpus-data-movement.ipynb", "04-containers.ipynb"]
 
 
-# Before the participant's workshop: root's jobs could not start on the nodes it reserves.
-def test_notebook_4_containers(work: Path) -> None:
-    # The admin's step before the workshop (`make containers`); cached when built already.
-    subprocess.run([sys.executable, "-m", "pyhpc", "containers", "build", "--variant", "cpu"],
-                   cwd=paths.ROOT, check=True, timeout=1800)
-    out = text_output(execute(NOTEBOOKS[3], work))
-    assert "2 workers, torch 2.13.0+cpu" in out
-
-
 def test_notebook_1_hello_cluster_as_a_new_participant(participant: dict[str, str]) -> None:
     out = text_output(execute_as(participant, NOTEBOOKS[0]))
     assert "#SBATCH --job-name=hello" in out and "test accuracy" in out and "samples/s" in out
@@ -120,3 +97,19 @@ def test_notebook_2_one_node_to_two_as_a_new_participant(participant: dict[str, 
 def test_notebook_3_why_gpus_data_movement_as_a_new_participant(participant: dict[str, str]) -> None:
     out = text_output(execute_as(participant, NOTEBOOKS[2]))
     assert "all-reduce backend gloo" in out
+
+
+def test_notebook_4_containers_as_a_new_participant(participant: dict[str, str]) -> None:
+    # The admin's step before the workshop (`make containers`); cached when built already.
+    subprocess.run([sys.executable, "-m", "pyhpc", "containers", "build", "--variant", "cpu"],
+                   cwd=paths.ROOT, check=True, timeout=1800)
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    out = text_output(execute_as(participant, NOTEBOOKS[3]))
+    assert "2 workers, torch 2.13.0+cpu" in out
+    user = participant["user"]
+    home = Path(as_user(user, "cd && pwd").stdout.strip())
+    # What the container wrote in the participant's directory is theirs (rootless podman).
+    metrics = home / "workshop" / "workshop-runs" / "container" / "metrics.jsonl"
+    assert metrics.stat().st_uid == home.stat().st_uid != 0
+    jobs = as_user(user, f"sacct -X -n -P -o User,Reservation,State -S {since}").stdout.split()
+    assert jobs and all(j == f"{user}|{participant['reservation']}|COMPLETED" for j in jobs), jobs
