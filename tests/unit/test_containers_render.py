@@ -205,7 +205,7 @@ def test_container_job_wraps_the_bare_job_line() -> None:
     srun_bare = next(line for line in bare.splitlines() if line.startswith("srun "))
     srun_boxed = next(line for line in boxed.splitlines() if line.startswith("srun "))
     head, _, tail = srun_bare.partition("/opt/pyhpc/venv/bin/python")
-    assert srun_boxed.startswith(head + "podman ")
+    assert srun_boxed.startswith(head + "env -u XDG_RUNTIME_DIR podman ")
     assert srun_boxed.endswith(" --rootfs /opt/pyhpc/images/pyhpc-cpu/rootfs "
                                "/opt/pyhpc/venv/bin/python" + tail)
 
