@@ -13,7 +13,11 @@ Recipe (measured on a Debian 12 VM: no systemd on the host, cgroup v1):
   * own podman storage (overlay) and network config, apart from the store the
     containers role builds images in: the global flags in hosts.yml
     (ansible_podman_extra_args), the rest in hostlab/containers.conf;
-  * `--systemd always`, CAP_SYS_ADMIN (for the cgroup remount; not --privileged),
+  * `--systemd always`, CAP_SYS_ADMIN (for the cgroup remount; not --privileged), and
+    two more of a host root's capabilities that podman leaves out: CAP_SYS_PTRACE (init
+    scripts stop daemons that run as their own user with start-stop-daemon --exec, which
+    reads /proc/PID/exe: slapd) and CAP_SYS_NICE (slurmstepd binds a user's task to its
+    CPUs after the task has become the user: task/affinity);
     the host's cgroup namespace (with --cgroupns=private systemd stalls in
     "starting"), `--no-hosts` (the machine's /etc/hosts must not leak in);
   * one volume per host for /var/log, kept across down/up (removed by --purge);
@@ -81,7 +85,8 @@ SECURITY = "http://deb.debian.org/debian-security"
 #: no Slurm, the deploy installs it.
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo", "iproute2",
             "iputils-ping", "procps", "ca-certificates", "less", "rsync")
-RUN_FLAGS = ("--systemd", "always", "--cap-add", "SYS_ADMIN", "--no-hosts")
+RUN_FLAGS = ("--systemd", "always", "--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE",
+             "--cap-add", "SYS_NICE", "--no-hosts")
 #: Systemd states after boot: done (booted) and still booting.
 BOOTED = ("running", "degraded")
 BOOTING = ("initializing", "starting", "offline", "unknown", "")

@@ -48,11 +48,17 @@ def workshop_tag(name: str) -> str:
 
 
 def _connection(d: Directory) -> list[str]:
-    if d.managed and LDAPI.exists() and os.geteuid() == 0:
+    """How this host reaches the directory: pyhpc's own on this host through its socket
+    (root only); pyhpc's own on another host at /etc/ldap/ldap.conf's URI with StartTLS
+    required (it refuses connections without TLS), as its admin; an existing one at its URI."""
+    local = LDAPI.exists()
+    if d.managed and local and os.geteuid() == 0:
         return ["-Q", "-Y", "EXTERNAL", "-H", "ldapi:///"]
     argv = ["-x", "-D", d.bind_dn, "-y", d.bind_password_file]
-    if d.uri:  # pyhpc's own directory on another host: the URI in /etc/ldap/ldap.conf
+    if d.uri:
         argv += ["-H", d.uri, *(["-ZZ"] if d.start_tls else [])]
+    elif not local:
+        argv += ["-ZZ"]
     return argv
 
 

@@ -176,8 +176,10 @@ def test_memory_per_host(hostlab: dict[str, Any]) -> None:
 DEPLOY_LOG = paths.ROOT / ".deploy" / "hostlab-deploy.log"
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 #: The systemd units each host runs (the packages' own units).
-UNITS = {"ctl": ["munge", "slurmctld"], "db": ["munge", "mariadb", "slurmdbd"], "login": ["munge"],
-         **{host: ["munge", "slurmd"] for host in COMPUTE}}
+UNITS = {"ctl": ["nslcd", "slapd", "munge", "slurmctld"], "db": ["nslcd", "munge", "mariadb", "slurmdbd"],
+         "login": ["nslcd", "munge"], **{host: ["nslcd", "munge", "slurmd"] for host in COMPUTE}}
+#: Units from Debian's init scripts (systemd knows no MainPID of theirs): found by name.
+SYSV_UNITS = ("nslcd", "slapd")
 
 
 def run_on(host: str, *cmd: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
@@ -197,9 +199,13 @@ def secret(host: str, *cmd: str) -> str:
 
 def main_pids() -> dict[str, str]:
     """MainPID of every unit the deploy manages, by host/unit."""
-    return {f"{host}/{unit}": run_on(host, "systemctl", "show", "--property=MainPID", "--value",
-                                     f"{unit}.service").stdout.strip()
-            for host, units in UNITS.items() for unit in units}
+    def pid(host: str, unit: str) -> str:
+        if unit in SYSV_UNITS:
+            return run_on(host, "pgrep", "--oldest", "--exact", unit).stdout.strip()
+        return run_on(host, "systemctl", "show", "--property=MainPID", "--value",
+                      f"{unit}.service").stdout.strip()
+
+    return {f"{host}/{unit}": pid(host, unit) for host, units in UNITS.items() for unit in units}
 
 
 def sacct_state(job_id: str, wait: float = 60) -> str:
@@ -278,11 +284,16 @@ def test_mariadb_listens_only_locally_and_slurmdbd_on_the_network(deployed: dict
 
 def test_no_secret_appears_in_the_deploy_log(deployed: dict[str, Any]) -> None:
     log = DEPLOY_LOG.read_text()
-    password, key_b64 = (secret(host, *cmd) for host, *cmd in (
+    password, key_b64, ldap_admin, ca_key = (secret(host, *cmd) for host, *cmd in (
         ("db", "cat", "/etc/pyhpc/secrets/slurmdbd_db_password"),
-        ("ctl", "base64", "--wrap=0", "/etc/munge/munge.key")))
+        ("ctl", "base64", "--wrap=0", "/etc/munge/munge.key"),
+        ("ctl", "cat", "/etc/pyhpc/secrets/ldap_admin_password"),
+        ("ctl", "cat", "/etc/pyhpc/secrets/directory-ca.key")))
     assert len(password) >= 16 and password not in log
     assert key_b64[:32] not in log and key_b64 not in log
+    assert len(ldap_admin) >= 16 and ldap_admin not in log
+    ca_lines = [line for line in ca_key.splitlines() if not line.startswith("-----")]
+    assert ca_lines and not any(line in log for line in ca_lines)
 
 
 def test_second_deploy_changes_nothing_and_restarts_nothing(deployed: dict[str, Any]) -> None:

@@ -1,10 +1,14 @@
-"""pyhpc from the login host of a hostlab on Debian 12 hosts (Slurm 22.05, Python 3.11):
-`pyhpc train --nodes 2` across hosts, the `container` template, and a compute host
-restarted mid-job under a `pyhpc train` job.
+"""pyhpc from the login host of a hostlab on Debian 12 hosts (Slurm 22.05, Python 3.11),
+as a researcher: the directory user `user1` (pyhpc's own OpenLDAP on ctl, nslcd with
+StartTLS on every host), from their home on the shared /home: `pyhpc train --nodes 2`
+across hosts, and a compute host restarted mid-job under a `pyhpc train` job. The
+`container` template runs as root here: a researcher's rootless podman (test_containers.py
+on the lab) cannot mount /proc inside hostlab's hosts, whose /proc podman masks in parts;
+the kernel refuses a new proc mount in a user namespace where one is partly hidden.
 
 Debian 12 because only there do the hosts get the pyhpc environment: this machine's
 CPU torch wheel is for Python 3.11 (test_hostlab.py and test_hostlab_life.py run
-Debian 13). Jobs run as root from the shared /home (hostlab has no directory yet).
+Debian 13).
 """
 from __future__ import annotations
 
@@ -29,17 +33,75 @@ pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
 
+#: The definition's researcher (ansible/inventories/hostlab/cluster.yml), a directory user.
+RESEARCHER = "user1"
+HOME = f"/home/{RESEARCHER}"
+HOSTS = ("ctl", "db", "login", *COMPUTE)
+BASE_DN = "dc=hostlab,dc=pyhpc"
+
+
 @pytest.fixture(scope="module")
 def cluster() -> dict[str, Any]:
     """The repository's hostlab on Debian 12 hosts, converged."""
     converge("bookworm")
+    on("login", "scancel", f"--user={RESEARCHER}")  # what an earlier, failed run left
     return {}
 
 
+def as_researcher(command: str) -> subprocess.CompletedProcess[str]:
+    """A shell command as the researcher logged in on the login host (su -: their home,
+    their PATH), whatever its exit status."""
+    return run_on("login", "su", "-", RESEARCHER, "-c", command, timeout=300)
+
+
 def pyhpc_on_login(workdir: str, *args: str) -> str:
-    """pyhpc on the login host, run from workdir (created first); its stdout."""
-    command = f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)} && pyhpc {shlex.join(args)}"
-    return on("login", "sh", "-c", command)
+    """pyhpc as the researcher on the login host, run from workdir (created first); its stdout."""
+    proc = as_researcher(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)} && "
+                         f"pyhpc {shlex.join(args)}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+def test_every_host_resolves_the_researcher_from_the_directory_alike(cluster: dict[str, Any]) -> None:
+    entries = {host: on(host, "getent", "passwd", RESEARCHER) for host in HOSTS}
+    assert set(entries.values()) == {f"{RESEARCHER}:*:20000:20000:{RESEARCHER}:{HOME}:/bin/bash"}, entries
+    # Not a local account anywhere: nslcd answers it.
+    assert all(run_on(host, "grep", "-q", f"^{RESEARCHER}:", "/etc/passwd").returncode == 1 for host in HOSTS)
+
+
+def test_the_directory_refuses_plaintext_and_answers_starttls_with_its_ca(cluster: dict[str, Any]) -> None:
+    search = f"ldapsearch -x -LLL -H ldap://ctl/ -b {BASE_DN} uid={RESEARCHER} uid"
+    plain = as_researcher(search)
+    assert plain.returncode == 13 and "Confidentiality required" in plain.stdout + plain.stderr, plain
+    tls = as_researcher(f"{search} -ZZ")
+    assert tls.returncode == 0 and f"uid: {RESEARCHER}" in tls.stdout, tls
+    # The CA the deploy generated is what the hosts trust: with another bundle TLS fails.
+    other = as_researcher(f"LDAPTLS_CACERT=/etc/ssl/certs/ca-certificates.crt {search} -ZZ")
+    assert other.returncode != 0 and f"uid: {RESEARCHER}" not in other.stdout, other
+    for host in ("db", *COMPUTE):
+        conf = on(host, "grep", "-E", "^(uri|ssl|tls_reqcert|bindpw)", "/etc/nslcd.conf").splitlines()
+        assert conf == ["uri ldap://ctl/", "ssl start_tls", "tls_reqcert demand"], (host, conf)
+
+
+def test_the_directory_secrets_stay_where_they_are_used(cluster: dict[str, Any]) -> None:
+    """The CA key on ctl only; the admin password on ctl and the login host (pyhpc
+    directory sync, pyhpc workshop), 0600 root."""
+    ca_key, admin = "/etc/pyhpc/secrets/directory-ca.key", "/etc/pyhpc/secrets/ldap_admin_password"
+    for host in HOSTS:
+        keys = [path for path in (ca_key, admin) if run_on(host, "test", "-e", path).returncode == 0]
+        want = {"ctl": [ca_key, admin], "login": [admin]}.get(host, [])
+        assert keys == want, (host, keys)
+        for path in keys:
+            assert on(host, "stat", "--format=%a %U", path) == "600 root", (host, path)
+    slapd_key = on("ctl", "stat", "--format=%a %U %G", "/etc/ldap/pyhpc-tls/slapd.key")
+    assert slapd_key == "640 root openldap"
+
+
+def test_the_researchers_home_is_made_private_at_login_on_the_shared_home(cluster: dict[str, Any]) -> None:
+    assert as_researcher("pwd").stdout.strip() == HOME
+    assert on("login", "stat", "--format=%a %U", HOME) == f"700 {RESEARCHER}"
+    for host in COMPUTE:  # the shared /home: the same directory on every host
+        assert on(host, "stat", "--format=%a %U", HOME) == f"700 {RESEARCHER}", host
 
 
 def history(run: str) -> list[dict[str, Any]]:
@@ -51,7 +113,7 @@ def history(run: str) -> list[dict[str, Any]]:
 
 
 def test_pyhpc_train_runs_across_two_hosts_from_login(cluster: dict[str, Any]) -> None:
-    work = "/home/hostlab-train"
+    work = f"{HOME}/hostlab-train"
     on("login", "rm", "-rf", work)
     start = time.monotonic()
     text = pyhpc_on_login(work, "train", "--nodes", "2", "--partition", "all", "--epochs", "2",
@@ -62,7 +124,12 @@ def test_pyhpc_train_runs_across_two_hosts_from_login(cluster: dict[str, Any]) -
     ranks = [json.loads(line) for line in on("login", "cat", f"{work}/run/ranks.jsonl").splitlines()]
     hosts = [r["host"] for r in ranks]
     assert len(set(hosts)) == 2 and set(hosts) <= set(COMPUTE), ranks
-    assert on("login", "stat", "--format=%a", f"{work}/run") == "700"
+    assert on("login", "stat", "--format=%a %U", f"{work}/run") == f"700 {RESEARCHER}"
+    job = re.search(r"^job (\d+) COMPLETED", text, re.M)[1]  # type: ignore[index]
+    # The job ran as the researcher on both hosts (slurmd resolved them through nslcd).
+    assert on("login", "sacct", "-X", "-n", "-P", f"--jobs={job}", "--format=user") == RESEARCHER
+    owners = on("login", "sh", "-c", f"stat --format=%U {work}/run/*").split()
+    assert owners and set(owners) == {RESEARCHER}, owners
 
 
 #: hostlab's shared /opt/pyhpc on this machine (hostlab.py: STATE_DIR/shared/opt-pyhpc).
@@ -75,8 +142,8 @@ print("PROBE", json.dumps({"rank": os.environ["RANK"], "node": os.environ["SLURM
 
 
 def test_the_container_template_runs_across_hosts_from_login(cluster: dict[str, Any]) -> None:
-    """`pyhpc submit container` from login: each task inside the framework image on its
-    host (podman from the containers role), still in its job's cgroup."""
+    """`pyhpc submit container` from login (as root, see above): each task inside the
+    framework image on its host (podman from the containers role), still in its job's cgroup."""
     # The image is built once (`make containers` here, cached when unchanged; its build is
     # test_containers.py's) and put on the cluster's shared /opt/pyhpc/images, as an admin does.
     subprocess.run([sys.executable, "-m", "pyhpc", "containers", "build", "--variant", "cpu"],
@@ -88,8 +155,8 @@ def test_the_container_template_runs_across_hosts_from_login(cluster: dict[str, 
     on("login", "sh", "-c",
        f"rm -rf {work} && mkdir -p {work} && printf %s {shlex.quote(PROBE)} > {work}/probe.py")
     start = time.monotonic()
-    result = json.loads(pyhpc_on_login(work, "submit", "container", "--nodes", "2", "--partition", "all",
-                                       "--set", f"script={work}/probe.py", "--wait", "--json"))
+    result = json.loads(on("login", "sh", "-c", f"cd {work} && pyhpc submit container --nodes 2 "
+                           f"--partition all --set script={work}/probe.py --wait --json"))
     print(f"hostlab: container template on 2 hosts: {time.monotonic() - start:.1f} s")
     assert result["state"] == "COMPLETED", result
     log = on("login", "sh", "-c", f"cat {work}/*-{result['job_id']}.out")
@@ -102,7 +169,8 @@ def test_the_container_template_runs_across_hosts_from_login(cluster: dict[str, 
 
 def test_a_run_directory_only_login_has_fails_with_one_hint(cluster: dict[str, Any]) -> None:
     """/tmp is the login host's own: the compute host cannot write the run there."""
-    proc = run_on("login", "sh", "-c", "cd /tmp && pyhpc train --nodes 1 --epochs 1 --out /tmp/run --wait")
+    on("login", "rm", "-rf", "/tmp/run")
+    proc = as_researcher("cd /tmp && pyhpc train --nodes 1 --epochs 1 --out /tmp/run --wait")
     assert proc.returncode == 1
     assert re.search(r"^job (\d+) FAILED: /tmp/run$", proc.stdout, re.M), proc.stdout
     assert "no epoch reached /tmp/run: it must be on storage the compute nodes share" in proc.stdout
@@ -114,7 +182,7 @@ def test_a_compute_host_restarted_mid_job_returns_and_its_training_resumes(
     """A reboot of the host a `pyhpc train` job runs on: the host comes back into service at
     the address it had, Slurm requeues the job, and it resumes from its checkpoint: every
     epoch once, the later ones from the second attempt."""
-    host, work, epochs = "gpu1", "/home/hostlab-reboot", 8
+    host, work, epochs = "gpu1", f"{HOME}/hostlab-reboot", 8
     on("login", "rm", "-rf", work)
     out = pyhpc_on_login(work, "train", "--nodes", "2", "--partition", "gpu", "--mode", "synthetic",
                          "--synthetic-samples", "8192", "--epochs", str(epochs), "--out", f"{work}/run",

@@ -68,7 +68,8 @@ def test_inventory_has_the_service_hosts_and_n_cpu_hosts_and_a_valid_definition(
     definition = cluster.load(where / "cluster.yml")
     assert [node.name for node in definition.nodes] == names
     assert [(p.name, list(p.nodes), p.default) for p in definition.partitions] == [("cpu", names, True)]
-    assert [(a.name, list(a.users)) for a in definition.accounts] == [("lab", ["root"])]
+    stock = cluster.load(bench.STOCK / "cluster.yml")  # its accounts and directory, as they are
+    assert (definition.accounts, definition.directory) == (stock.accounts, stock.directory)
     assert (definition.name, definition.mode, definition.accounting) == ("hostlab", "hosts", True)
     assert all(node.gpus == 0 for node in definition.nodes)
 

@@ -119,6 +119,16 @@ def test_external_directory_binds_with_the_admins_credentials(fake_ldap) -> None
                                        EXTERNAL["bind_password_file"], "-H", EXTERNAL["uri"]]
 
 
+def test_pyhpcs_own_directory_on_another_host_is_reached_with_starttls(fake_ldap) -> None:
+    """No slapd socket here: the directory's host is another (its URI: ldap.conf), and it
+    refuses connections without TLS."""
+    d = cluster.parse(with_directory({})).directory
+    assert d is not None and d.managed
+    directory.users(d)
+    assert fake_ldap.calls[-1][:7] == ["ldapsearch", "-x", "-D", "cn=admin,dc=lab,dc=pyhpc", "-y",
+                                       "/etc/pyhpc/secrets/ldap_admin_password", "-ZZ"]
+
+
 def test_ssha_is_salted_sha1() -> None:
     one, two = directory.ssha("pw"), directory.ssha("pw")
     assert one.startswith("{SSHA}") and one != two
