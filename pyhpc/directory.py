@@ -12,6 +12,7 @@ import base64
 import hashlib
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ LDAPI = Path("/run/slapd/ldapi")
 DEFINITION = "pyhpc: cluster.yml"
 HOME = "/home"
 SHELL = "/bin/bash"
+#: The name service cache beside nslcd (the directory role installs it).
+NSCD = "nscd"
 #: ldap tools' exit status for "no such object".
 NO_SUCH_OBJECT = 32
 
@@ -75,6 +78,8 @@ def ldap(tool: str, d: Directory, args: Sequence[str] = (), ldif: str | None = N
     if proc.returncode not in ok:
         lines = (proc.stderr or proc.stdout or "").strip().splitlines()
         raise DirectoryError(f"{tool}: {lines[-1] if lines else proc.returncode}", tool)
+    if tool != "ldapsearch":
+        forget_cached()
     return proc
 
 
@@ -196,6 +201,19 @@ def delete(d: Directory, dns: Sequence[str]) -> None:
     """Delete entries; one already gone is not an error."""
     if dns:
         ldap("ldapdelete", d, ["-c"], "\n".join(dns) + "\n", ok=(0, NO_SUCH_OBJECT))
+
+
+def forget_cached() -> None:
+    """After a change: empty this host's nscd of users and groups (root only), so what was
+    added or removed resolves so here at once (other hosts: within their nscd's time to
+    live, the role's directory_nscd_ttl_s). No nscd here, or none running: nothing."""
+    if shutil.which(NSCD) is None:
+        return
+    for table in ("passwd", "group"):
+        try:
+            RUNNER([NSCD, "-i", table], None, 10.0)
+        except (OSError, subprocess.TimeoutExpired):
+            return
 
 
 def user_dn(d: Directory, name: str) -> str:

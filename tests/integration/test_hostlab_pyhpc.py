@@ -12,6 +12,8 @@ Debian 13).
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import shlex
@@ -225,3 +227,34 @@ def test_a_compute_host_restarted_mid_job_returns_and_its_training_resumes(
     assert attempts[0] == 0 and attempts[-1] >= 1, attempts
     log = on("login", "sh", "-c", f"cat {work}/pyhpc-jobs/{job}/*_log.out")
     assert "pyhpc.train: resuming from checkpoint after epoch" in log, log
+
+
+def test_a_workshop_made_on_login_reaches_every_host_and_its_reservation_admits_only_it(
+        cluster: dict[str, Any]) -> None:
+    """An instructor (root on login) makes a workshop: its participants are directory
+    entries every host resolves, their jobs run as them in the reservation, which refuses
+    the researcher; deleting it leaves nothing of them and the researcher as they were."""
+    name, sheet = "hlws", "/root/pyhpc-workshops-hostlab"
+    run_on("login", "pyhpc", "workshop", "delete", name, "--homes")  # an earlier failed run's
+    on("login", "pyhpc", "workshop", "create", name, "--participants", "2", "--start", "now", "--hours", "1",
+       "--nodes", "2", "--partition", "all", "--out", sheet)
+    rows = list(csv.DictReader(io.StringIO(on("login", "cat", f"{sheet}/{name}.csv"))))
+    assert [r["user"] for r in rows] == [f"{name}-01", f"{name}-02"], rows
+    user, reservation = rows[0]["user"], rows[0]["reservation"]
+    assert len({on(host, "getent", "passwd", user) for host in HOSTS}) == 1
+    ran = run_on("login", "su", "-", user, "-c",
+                 f"srun --reservation={reservation} --partition=all --nodes=2 id -un", timeout=120)
+    assert ran.returncode == 0 and ran.stdout.split() == [user, user], ran
+    refused = as_researcher(f"srun --reservation={reservation} --partition=all --nodes=1 true")
+    assert refused.returncode != 0 and "reservation" in refused.stderr.lower(), refused
+    before = on("ctl", "getent", "passwd", RESEARCHER)
+    on("login", "pyhpc", "workshop", "delete", name, "--homes")
+    # At once on login (the delete empties its nscd), within nscd's 60 s elsewhere.
+    assert run_on("login", "getent", "passwd", user).returncode == 2
+    start = time.monotonic()
+    wait_for(f"{user} unknown on every host",
+             lambda: all(run_on(host, "getent", "passwd", user).returncode == 2 for host in HOSTS),
+             timeout=180, every=5)
+    print(f"hostlab: {user} gone from every host {time.monotonic() - start:.0f} s after the delete")
+    assert on("ctl", "getent", "passwd", RESEARCHER) == before
+    assert run_on("login", "test", "-e", f"/home/{user}").returncode == 1

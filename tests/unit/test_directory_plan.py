@@ -129,6 +129,19 @@ def test_pyhpcs_own_directory_on_another_host_is_reached_with_starttls(fake_ldap
                                        "/etc/pyhpc/secrets/ldap_admin_password", "-ZZ"]
 
 
+def test_a_change_empties_this_hosts_name_service_cache(fake_ldap, monkeypatch) -> None:
+    monkeypatch.setattr(directory.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    d = cluster.parse(with_directory({})).directory
+    assert d is not None
+    directory.delete(d, [directory.user_dn(d, "gone")])
+    assert fake_ldap.calls[-2:] == [["nscd", "-i", "passwd"], ["nscd", "-i", "group"]]
+    directory.users(d)  # a search changes nothing: no call
+    assert fake_ldap.calls[-1][0] == "ldapsearch"
+    monkeypatch.setattr(directory.shutil, "which", lambda tool: None)  # no nscd: no call
+    directory.delete(d, [directory.user_dn(d, "gone")])
+    assert fake_ldap.calls[-1][0] == "ldapdelete"
+
+
 def test_ssha_is_salted_sha1() -> None:
     one, two = directory.ssha("pw"), directory.ssha("pw")
     assert one.startswith("{SSHA}") and one != two
