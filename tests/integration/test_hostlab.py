@@ -347,8 +347,10 @@ def test_restarting_the_lab_controller_leaves_hostlabs_alone(deployed: dict[str,
     """The lab's daemons stop by pid file: hostlab's slurmctld (same executable, another
     pid namespace) keeps running and keeps its pid."""
     before = main_pids()
-    subprocess.run(["service", "pyhpc-slurmctld", "restart"], check=True, timeout=120)
+    # slurmdbd first, as an admin would: a slurmctld that starts while slurmdbd is down
+    # runs on its cached associations until it reconnects.
     subprocess.run(["service", "pyhpc-slurmdbd", "restart"], check=True, timeout=120)
+    subprocess.run(["service", "pyhpc-slurmctld", "restart"], check=True, timeout=120)
     assert main_pids() == before
     assert subprocess.run(["service", "pyhpc-slurmctld", "status"], timeout=30).returncode == 0
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative, no package).
-from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, on, run_on
+from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, on, run_on, sacct_state
 from test_hostlab_life import converge, node_states, wait_for
 
 from pyhpc import paths
@@ -129,6 +129,7 @@ def test_pyhpc_train_runs_across_two_hosts_from_login(cluster: dict[str, Any]) -
     assert on("login", "stat", "--format=%a %U", f"{work}/run") == f"700 {RESEARCHER}"
     job = re.search(r"^job (\d+) COMPLETED", text, re.M)[1]  # type: ignore[index]
     # The job ran as the researcher on both hosts (slurmd resolved them through nslcd).
+    assert sacct_state(job) == "COMPLETED"  # waits for the accounting record
     assert on("login", "sacct", "-X", "-n", "-P", f"--jobs={job}", "--format=user") == RESEARCHER
     owners = on("login", "sh", "-c", f"stat --format=%U {work}/run/*").split()
     assert owners and set(owners) == {RESEARCHER}, owners

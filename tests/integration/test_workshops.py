@@ -66,6 +66,20 @@ def execute_as(row: dict[str, str], notebook: Path) -> dict:
     return json.loads((Path(home) / "workshop" / name).read_text())
 
 
+def accounted(user: str, since: str, wait: float = 60) -> list[str]:
+    """User|Reservation|State of the user's jobs since ``since``, once sacct has them all
+    ended. Accounting lags the job: slurmctld sends its records to slurmdbd afterwards,
+    and after a slurmdbd restart (an earlier test's deploy) it reconnects within 10 s."""
+    start = time.monotonic()
+    while True:
+        jobs = as_user(user, f"sacct -X -n -P -o User,Reservation,State -S {since}").stdout.split()
+        ended = jobs and not any(j.endswith(("|PENDING", "|RUNNING", "|COMPLETING")) for j in jobs)
+        if ended or time.monotonic() - start > wait:
+            print(f"sacct had {len(jobs)} job(s) of {user} ended after {time.monotonic() - start:.0f} s")
+            return jobs
+        time.sleep(2)
+
+
 def text_output(nb: dict) -> str:
     return "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
                    for o in c.get("outputs", []))
@@ -80,8 +94,7 @@ def test_notebook_1_hello_cluster_as_a_new_participant(participant: dict[str, st
     out = text_output(execute_as(participant, NOTEBOOKS[0]))
     assert "#SBATCH --job-name=hello" in out and "test accuracy" in out and "samples/s" in out
     user = participant["user"]
-    jobs = as_user(user, "sacct -X -n -P -o User,Reservation,State "
-                         f"-S {participant['since']}").stdout.split()
+    jobs = accounted(user, participant["since"])
     assert jobs and all(j == f"{user}|{participant['reservation']}|COMPLETED" for j in jobs), jobs
 
 
@@ -111,5 +124,5 @@ def test_notebook_4_containers_as_a_new_participant(participant: dict[str, str])
     # What the container wrote in the participant's directory is theirs (rootless podman).
     metrics = home / "workshop" / "workshop-runs" / "container" / "metrics.jsonl"
     assert metrics.stat().st_uid == home.stat().st_uid != 0
-    jobs = as_user(user, f"sacct -X -n -P -o User,Reservation,State -S {since}").stdout.split()
+    jobs = accounted(user, since)
     assert jobs and all(j == f"{user}|{participant['reservation']}|COMPLETED" for j in jobs), jobs
