@@ -1,7 +1,10 @@
 """``pyhpc doctor``: check a running cluster through the commands a user runs.
 
 Munge round-trip, slurmctld and slurmdbd answer, every node idle, a 2-node
-``srun`` lands on two distinct nodes and ``sacct`` records it. Each check is a
+``srun`` lands on two distinct nodes and ``sacct`` records it, and where the definition's
+container runtime has an image, that image starts on a compute node exactly as the
+``container`` template starts its tasks (:mod:`pyhpc.container_run`), so a runtime that
+cannot start (crun on a hybrid cgroup host, say) shows here, not in a researcher's job. Each check is a
 real command (run through :mod:`pyhpc.slurm`); a check that needs a failed one is
 skipped and names what it waits for. Jobs run without slurmdbd, so the 2-node job
 needs only the controller and the nodes; only the accounting check needs slurmdbd.
@@ -18,9 +21,10 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from pyhpc import gpucheck, paths, slurm
+from pyhpc import cluster, gpucheck, paths, slurm
 from pyhpc.errors import PyhpcError
 
 #: How long sacct gets to record the doctor's job (accounting is asynchronous).
@@ -40,12 +44,23 @@ def _why(proc: object) -> str:
     return f"exit {getattr(proc, 'returncode', '?')}: {slurm.why(proc)}"  # type: ignore[arg-type]  # a CompletedProcess
 
 
+#: The image the container check starts per runtime (what `make containers` exports);
+#: enroot's tasks start through pyxis's srun options, which this check does not run.
+IMAGES = {"podman": paths.IMAGES / "pyhpc-cpu", "apptainer": paths.IMAGES / "pyhpc-cuda.sif"}
+#: The container check's step: its time limit (minutes) and the image's self-test.
+CONTAINER_MINUTES = 5
+SELFTEST = 'echo "node: $SLURMD_NODENAME"; exec /usr/local/bin/pyhpc-selftest'
+
+
 class Doctor:
     """Runs the checks in order (every command through pyhpc.slurm)."""
 
-    def __init__(self, sacct_wait: float = SACCT_WAIT) -> None:
+    def __init__(self, sacct_wait: float = SACCT_WAIT, runtime: str | None = None,
+                 images: dict[str, Path] | None = None) -> None:
         self.sacct_wait = sacct_wait
         self.job_id: str | None = None
+        self.runtime = runtime
+        self.images = IMAGES if images is None else images
 
     def munge(self) -> Check:
         cred, back = slurm.munge_roundtrip()
@@ -105,12 +120,38 @@ class Doctor:
         ok = state == "COMPLETED"
         return Check("sacct", ok, f"job {self.job_id}: {state or 'not recorded'}")
 
+    def container(self) -> Check:
+        """Start the runtime's image on one compute node, as the container template does."""
+        runtime = self.runtime or cluster.load(paths.cluster_file()).container_runtime
+        image = self.images.get(runtime)
+        if image is None:
+            return Check("container", True, f"{runtime}: tasks start through pyxis's srun "
+                         "options; not checked here")
+        if not image.exists():
+            return Check("container", True, f"{runtime}: no image at {image} yet (make containers "
+                         "builds it); nothing to start")
+        # From /, with a safe import path: root's step never runs where users can write.
+        proc = slurm.srun(["--nodes=1", "--ntasks=1", f"--time={CONTAINER_MINUTES}",
+                           "--job-name=pyhpc-doctor-container", "--chdir=/", str(PYTHON), "-P", "-m",
+                           "pyhpc.container_run", "--runtime", runtime, "--image", str(image),
+                           "--workdir", "/", "--probe", "--", "sh", "-c", SELFTEST],
+                          timeout_s=CONTAINER_MINUTES * 60 + 30)
+        lines = proc.stdout.splitlines()
+        said = next((line for line in lines if line.startswith("pyhpc: ")), None)
+        if proc.returncode != 0:
+            return Check("container", False, said.removeprefix("pyhpc: ") if said else f"srun: {_why(proc)}")
+        facts = dict(line.split(": ", 1) for line in lines if ": " in line)
+        return Check("container", True, f"{image.name} started on {facts.get('node', '?')}: "
+                     f"torch {facts.get('torch', '?')}, python {facts.get('python', '?')}")
+
     def checks(self) -> list[Check]:
         munge, ctld, dbd, nodes = self.munge(), self.slurmctld(), self.slurmdbd(), self.nodes()
         results = [munge, ctld, dbd, nodes]
         blockers = [c.name for c in (munge, ctld, nodes) if not c.ok]
         results.append(self.srun() if not blockers else Check(
             "srun -N2", False, f"skipped: needs {', '.join(blockers)}"))
+        results.append(self.container() if not blockers else Check(
+            "container", False, f"skipped: needs {', '.join(blockers)}"))
         if not dbd.ok:
             results.append(Check("sacct", False, "skipped: slurmdbd does not answer "
                                  "(jobs still run; accounting is not recorded)"))

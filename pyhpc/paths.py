@@ -12,6 +12,8 @@ CONTAINERS = ROOT / "containers"
 #: The shared install on every node (the login role): the runtime venv and this source.
 SHARED_VENV = Path("/opt/pyhpc/venv")
 SHARED_SRC = Path("/opt/pyhpc/src")
+#: Where `make containers` exports images (the containers role creates it on every node).
+IMAGES = Path("/opt/pyhpc/images")
 #: Written by the login role on every deployed cluster.
 DEPLOYED_CLUSTER = Path("/etc/pyhpc/cluster.yml")
 LAB_CLUSTER = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"

@@ -79,13 +79,17 @@ def test_second_build_is_cached_and_builds_nothing(built: dict) -> None:
     assert json.loads((IMAGE_DIR / "image.json").read_text())["image_id"] == built["image_id"]
 
 
-#: Each task prints where it runs, and writes a file in the submit directory.
+#: Each task prints where it runs, writes a file in the submit directory and one in
+#: /var/tmp (its own), and tries to write into the shared image (read-only).
 PROBE = (
     "import json, os, torch\n"
     "open(f'rank-{os.environ[\"RANK\"]}.txt', 'w').write('ok')\n"
+    "open(f'/var/tmp/pyhpc-probe-{os.environ[\"RANK\"]}', 'w').write('mine')\n"
+    "try:\n    open('/etc/pyhpc-probe', 'w').close(); image_writable = True\n"
+    "except OSError:\n    image_writable = False\n"
     "print('PROBE', json.dumps({'rank': os.environ['RANK'], 'node': os.environ['SLURMD_NODENAME'],"
     " 'image': os.environ.get('PYHPC_IMAGE'), 'containerenv': os.path.exists('/run/.containerenv'),"
-    " 'torch': torch.__version__,"
+    " 'torch': torch.__version__, 'image_writable': image_writable,"
     " 'cgroup': [l for l in open('/proc/self/cgroup') if ':memory:' in l][0].strip()}))\n")
 
 
@@ -96,15 +100,20 @@ def probe_rows(work: Path, job_id: str) -> list[dict]:
     rows = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("PROBE ")]
     assert sorted((r["rank"], r["node"]) for r in rows) == [("0", "cpu1"), ("1", "cpu2")]
     assert all(r["image"] == "pyhpc-cpu" and r["containerenv"] for r in rows), rows
-    # Each task stays in its job's cgroup, so Slurm's confinement holds inside the image.
-    assert all(f"/job_{job_id}/step_0" in r["cgroup"] for r in rows), rows
+    # The shared image is read-only, and /var/tmp was each task's own.
+    assert not any(r["image_writable"] for r in rows), rows
+    assert not list((IMAGE_DIR / "rootfs/var/tmp").glob("pyhpc-probe-*"))
+    # Each task stays in its job step's cgroup (step 1: step 0 is the template's check that
+    # the image starts), so Slurm's confinement holds inside the image.
+    assert all(f"/job_{job_id}/step_1/task_" in r["cgroup"] for r in rows), rows
     return rows
 
 
 def rootfs_entries() -> list[str]:
     """What a job could leave in the shared rootfs: its top level and the mount points' parents."""
     rootfs = IMAGE_DIR / "rootfs"
-    return sorted(str(p.relative_to(rootfs)) for d in ("", "home", "tmp", "run", "opt/pyhpc")
+    return sorted(str(p.relative_to(rootfs))
+                  for d in ("", "home", "tmp", "run", "opt/pyhpc", "etc", "var/tmp")
                   for p in (rootfs / d).iterdir())
 
 
@@ -198,3 +207,56 @@ def test_cuda_variant_builds_where_its_base_is_supplied(tmp_path: Path) -> None:
     assert "cuda: 12.8" in record["selftest"] and any(
         line.startswith("nccl: ") and line != "nccl: none" for line in record["selftest"])
     assert proc.stdout.count("selftest: ok") >= 1
+
+
+def test_the_hosts_cgroup_layout_is_one_crun_accepts() -> None:
+    """crun refuses every container on a hybrid host whose cgroup2 holds a controller (a
+    fresh machine of this kind had hugetlb there): after the deploy, nothing is left there,
+    and what the role bound is recorded for its teardown."""
+    proc = subprocess.run(["/usr/local/sbin/pyhpc-cgroup-layout", "check"], capture_output=True,
+                          text=True, check=True)
+    layout = json.loads(proc.stdout)
+    print(layout, Path("/proc/cgroups").read_text(), sep="\n")
+    assert layout["refused"] is None
+    assert layout["mode"] != "hybrid" or layout["leftover"] == []
+    state = Path("/var/lib/pyhpc/cgroup-v1-bound")
+    for name in state.read_text().split() if state.exists() else []:
+        assert layout["v1"][name] == f"/sys/fs/cgroup/{name}"
+
+
+def test_doctor_starts_the_image_on_a_compute_node(built: dict, work: Path) -> None:
+    proc = subprocess.run([DEPLOYED_CLI[0], "doctor", "--json"], cwd=work, capture_output=True,
+                          text=True, timeout=300)
+    print(proc.stdout, proc.stderr)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["container"]["ok"], checks["container"]
+    assert checks["container"]["detail"].startswith("pyhpc-cpu started on ")
+    assert checks["container"]["detail"].endswith(f"torch {built['labels']['org.pyhpc.torch']}+cpu, "
+                                                  "python 3.11" + checks["container"]["detail"][-2:])
+
+
+def test_a_runtime_that_cannot_start_ends_the_job_in_one_line_before_any_task(
+        built: dict, work: Path) -> None:
+    """An image crun cannot start (here: a rootfs with nothing to run) ends the job after the
+    check step with one line and exit 3; no task starts, no 'exit code 126' per task."""
+    broken = work / "broken-image"
+    (broken / "rootfs").mkdir(parents=True)
+    (broken / "env").write_text("PATH=/usr/bin:/bin\n")
+    probe = work / "probe.py"
+    probe.write_text(PROBE)
+    proc = subprocess.run([*DEPLOYED_CLI, "submit", "container", "--nodes", "2", "--set",
+                           f"image={broken}", "--set", f"script={probe}", "--wait", "--json"],
+                          cwd=work, capture_output=True, text=True, timeout=300)
+    print(proc.stdout, proc.stderr)
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 1 and result["state"] == "FAILED"
+    log = next(work.glob(f"*-{result['job_id']}.out")).read_text()
+    print(log)
+    lines = log.splitlines()
+    assert lines[0].startswith(f"pyhpc: job {result['job_id']}, 2 tasks")
+    assert len(lines) == 2 and "PROBE" not in log
+    assert lines[1].startswith("pyhpc: the container runtime cannot start the image on cpu")
+    assert "/bin/true" in lines[1]
+    exit_code = subprocess.run(["sacct", "-X", "-n", "-P", "-j", result["job_id"], "-o", "ExitCode"],
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert exit_code in ([], ["3:0"])

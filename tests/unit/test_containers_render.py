@@ -205,39 +205,29 @@ def test_container_job_wraps_the_bare_job_line() -> None:
     srun_bare = next(line for line in bare.splitlines() if line.startswith("srun "))
     srun_boxed = next(line for line in boxed.splitlines() if line.startswith("srun "))
     head, _, tail = srun_bare.partition("/opt/pyhpc/venv/bin/python")
-    assert srun_boxed.startswith(head + "env -u XDG_RUNTIME_DIR podman ")
-    assert srun_boxed.endswith(" --rootfs /opt/pyhpc/images/pyhpc-cpu/rootfs "
-                               "/opt/pyhpc/venv/bin/python" + tail)
+    assert srun_boxed.startswith(head + "/opt/pyhpc/venv/bin/python -P -m pyhpc.container_run ")
+    assert srun_boxed.endswith(" -- /opt/pyhpc/venv/bin/python" + tail)
 
 
-@pytest.mark.parametrize(("submit_dir", "mount"), [
-    ("/home/alice/my run", "/home"),
-    ("/tmp/job", "/tmp"),
-    ("/opt/pyhpc/src", "/opt/pyhpc/src"),
-    ("/scratch/alice/run", "/scratch/alice/run"),
-])
-def test_podman_mounts_each_host_path_through_its_deepest_directory_in_the_image(
-        submit_dir: str, mount: str, tmp_path: Path) -> None:
-    """A rootless podman cannot create a mount point in the shared rootfs: the submit dir
-    and each bind are mounted, at the same path, through the deepest directory above them
-    that the image has; with none (here /scratch), as themselves (root only)."""
+def test_container_job_starts_the_image_on_every_node_before_the_tasks(tmp_path: Path) -> None:
+    """The check step runs first; when it fails the job prints its one line and exits 3,
+    and the tasks never start."""
     from pyhpc import cluster, paths, render
 
-    image = tmp_path / "image"
-    for path in ("home", "tmp", "srv", "opt/pyhpc/src"):
-        (image / "rootfs" / path).mkdir(parents=True)
-    text = render.render("container", {"module": "pyhpc.train", "image": str(image),
-                                       "binds": "/srv/data/set-1,/scratch/run-1"},
-                         cluster.load(paths.LAB_CLUSTER))
-    srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    proc = subprocess.run(["bash", "-euc", 'srun() { printf "%s\\n" "$@"; }\n' + srun],
-                          env={"SLURM_SUBMIT_DIR": submit_dir, "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, check=True)
-    words = proc.stdout.splitlines()
-    volumes = [words[i + 1] for i, word in enumerate(words) if word == "--volume"]
-    assert volumes == ["/tmp:/tmp", "/opt/pyhpc/src:/opt/pyhpc/src:ro", f"{mount}:{mount}",
-                       "/srv:/srv", "/scratch/run-1:/scratch/run-1"]
-    assert words[words.index("--workdir") + 1] == submit_dir
+    text = render.render("container", {"module": "pyhpc.train"}, cluster.load(paths.LAB_CLUSTER))
+    body = text.split("export MASTER_ADDR MASTER_PORT\n", 1)[1]
+    fake = ('srun() { case "$*" in *--probe*) echo "pyhpc: the container runtime cannot start the '
+            'image on cpu1: crun: no"; echo "pyhpc: ... on cpu2"; echo "srun: error" >&2; return 3;; '
+            '*) echo TASKS-STARTED;; esac; }\n')
+    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + fake + body],
+                          env={"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "7", "SLURM_NTASKS": "2",
+                               "SLURM_JOB_NODELIST": "cpu[1-2]", "MASTER_ADDR": "cpu1",
+                               "MASTER_PORT": "20007",
+                               "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 3
+    assert "TASKS-STARTED" not in proc.stdout
+    assert proc.stderr == "pyhpc: the container runtime cannot start the image on cpu1: crun: no\n"
 
 
 @pytest.mark.parametrize(("values", "message"), [

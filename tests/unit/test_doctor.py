@@ -16,11 +16,25 @@ HEALTHY = {
 }
 
 
+SELFTEST = "node: cpu1\nimage: pyhpc-cpu\npython: 3.11.2\ntorch: 2.13.0+cpu\n"
+
+
+def srun_answers(container: tuple[int, str] = (0, SELFTEST), job: tuple[int, str] = (0, "7 cpu1\n7 cpu2\n")):
+    """srun's answer per step: the 2-node job, or the container check (pyhpc.container_run)."""
+    return lambda argv: container if "pyhpc.container_run" in argv else job
+
+
 @pytest.fixture
-def checks(fake_slurm):
-    def run(**overrides: tuple[int, str]):
-        fake_slurm.answers.update({**HEALTHY, **overrides})
-        return Doctor(sacct_wait=0).checks()
+def image(tmp_path):
+    (tmp_path / "pyhpc-cpu" / "rootfs").mkdir(parents=True)
+    return tmp_path / "pyhpc-cpu"
+
+
+@pytest.fixture
+def checks(fake_slurm, image):
+    def run(**overrides):
+        fake_slurm.answers.update({**HEALTHY, "srun": srun_answers(), **overrides})
+        return Doctor(sacct_wait=0, runtime="podman", images={"podman": image}).checks()
     return run
 
 
@@ -39,7 +53,36 @@ def test_busy_node_fails_the_idle_check_and_skips_the_job(checks) -> None:
 
 
 def test_job_on_one_node_fails(checks) -> None:
-    assert verdicts(checks, srun=(0, "7 cpu1\n7 cpu1\n"))["srun -N2"] is False
+    assert verdicts(checks, srun=srun_answers(job=(0, "7 cpu1\n7 cpu1\n")))["srun -N2"] is False
+
+
+def test_container_check_starts_the_image_from_root_with_a_safe_import_path(checks, fake_slurm,
+                                                                             image) -> None:
+    result = {c.name: c for c in checks()}
+    assert result["container"].ok
+    assert result["container"].detail == "pyhpc-cpu started on cpu1: torch 2.13.0+cpu, python 3.11.2"
+    step = next(c for c in fake_slurm.calls if "pyhpc.container_run" in c)
+    assert "--chdir=/" in step and step[step.index("-m") - 1] == "-P"
+    assert step[step.index("--image") + 1] == str(image)
+    assert step[step.index("--workdir") + 1] == "/"
+
+
+def test_container_that_cannot_start_fails_with_the_runtimes_one_line(checks) -> None:
+    line = ("pyhpc: the container runtime cannot start the image on cpu1: OCI runtime error: crun: "
+            "cgroups in hybrid mode not supported, drop all controllers from cgroupv2")
+    result = {c.name: c for c in checks(srun=srun_answers(container=(3, line + "\n")))}
+    assert result["container"].ok is False
+    assert result["container"].detail == line.removeprefix("pyhpc: ")
+    assert result["srun -N2"].ok
+
+
+def test_container_check_without_an_image_starts_nothing(fake_slurm, tmp_path) -> None:
+    fake_slurm.answers.update({**HEALTHY, "srun": srun_answers()})
+    result = {c.name: c for c in Doctor(sacct_wait=0, runtime="podman",
+                                        images={"podman": tmp_path / "none"}).checks()}
+    assert result["container"].ok
+    assert "no image at" in result["container"].detail
+    assert not any("pyhpc.container_run" in c for c in fake_slurm.calls)
 
 
 def test_unrecorded_job_fails_sacct(checks) -> None:
