@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
     opt.step()
     first_step = time.time()
 
-    from pyhpc import dist, files, startup
+    from pyhpc import dist, files
+    from pyhpc.train import startup
 
     marks = startup.Marks(startup.this_process_start(), IMPORTED, rendezvous_done, first_step)
     mine = {"rank": td.get_rank(), "host": os.environ.get("SLURMD_NODENAME", socket.gethostname()),

@@ -91,8 +91,10 @@ def overhead_in_job(reps: int, out: Path) -> dict:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 
-    from pyhpc import dist, metrics, train
-    from pyhpc.trainconfig import TrainConfig
+    from pyhpc import dist
+    from pyhpc.train import loop as train
+    from pyhpc.train import metrics
+    from pyhpc.train.config import TrainConfig
 
     warmup, batch = 5, 32
     cfg = TrainConfig(out=str(out), mode="synthetic", synthetic_samples=4096, batch_size=batch)
@@ -157,7 +159,7 @@ def _sbatch_tiny(tries: int = 5) -> str:
 def bench_watch(jobs: int, interval_s: float = 1.0, timeout_s: float = 240.0) -> dict:
     """Submit ``jobs`` tiny jobs and watch them to the end with pyhpc.watch.watch,
     counting every process spawned while watching and, separately, the polls."""
-    from pyhpc import watch
+    from pyhpc.slurm import watch
 
     ids = [_sbatch_tiny() for _ in range(jobs)]
     spawned: list[list[str]] = []

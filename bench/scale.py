@@ -311,7 +311,7 @@ def bench_complete(work: Path, jobs: int = JOBS) -> dict[str, Any]:
 def _poll_cost(ids: list[str], reps: int = 5) -> dict[str, Any]:
     """Slurm processes per poll and seconds per poll of pyhpc's watcher, and of the CLI."""
     sys.path.insert(0, str(ROOT))
-    from pyhpc import watch
+    from pyhpc.slurm import watch
 
     spawned: list[str] = []
     real = subprocess.Popen

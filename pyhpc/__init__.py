@@ -10,20 +10,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyhpc._submit import ScriptJob as ScriptJob
-    from pyhpc._submit import SubmitError as SubmitError
-    from pyhpc._submit import submit as submit
-    from pyhpc._submit import submit_array as submit_array
-    from pyhpc._submit import submit_script as submit_script
-    from pyhpc._submit import submit_template as submit_template
     from pyhpc.errors import PyhpcError as PyhpcError
-    from pyhpc.jobspec import JobSpec as JobSpec
+    from pyhpc.slurm.jobspec import JobSpec as JobSpec
+    from pyhpc.slurm.submit import ScriptJob as ScriptJob
+    from pyhpc.slurm.submit import SubmitError as SubmitError
+    from pyhpc.slurm.submit import submit as submit
+    from pyhpc.slurm.submit import submit_array as submit_array
+    from pyhpc.slurm.submit import submit_script as submit_script
+    from pyhpc.slurm.submit import submit_template as submit_template
 
 __version__ = "0.1.0"
 #: The public API: name -> the module that defines it.
 _API = {**dict.fromkeys(("ScriptJob", "SubmitError", "submit", "submit_array", "submit_script",
-                         "submit_template"), "pyhpc._submit"),
-        "PyhpcError": "pyhpc.errors", "JobSpec": "pyhpc.jobspec"}
+                         "submit_template"), "pyhpc.slurm.submit"),
+        "PyhpcError": "pyhpc.errors", "JobSpec": "pyhpc.slurm.jobspec"}
 __all__ = sorted(_API)
 
 

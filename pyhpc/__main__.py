@@ -1,6 +1,6 @@
 """``python -m pyhpc``: the same CLI as the ``pyhpc`` entry point."""
 import sys
 
-from pyhpc.cli import main
+from pyhpc.cli.main import main
 
 sys.exit(main())

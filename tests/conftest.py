@@ -76,7 +76,7 @@ class FakeSlurm:
 @pytest.fixture
 def fake_slurm(monkeypatch) -> FakeSlurm:
     """pyhpc.slurm runs nothing real: every command goes to a FakeSlurm (text output)."""
-    from pyhpc import slurm
+    from pyhpc.slurm import slurm
 
     fake = FakeSlurm()
     monkeypatch.setattr(slurm, "RUNNER", fake)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import bench, paths
+from pyhpc import paths
+from pyhpc.bench import config as bench
+from pyhpc.bench import results
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
@@ -27,7 +29,7 @@ def test_bench_on_two_cpu_nodes_writes_json_table_and_png(work: Path) -> None:
     result = json.loads(proc.stdout)
     assert result["state"] == "COMPLETED"
     assert result["json"] == str(out / "bench.json") and result["png"] == str(out / "bench.png")
-    doc = bench.read_results(out / "bench.json")
+    doc = results.read_results(out / "bench.json")
     assert doc["job_id"] == result["job_id"] and doc["world_size"] == 2
     assert doc["nodes"] == ["cpu1", "cpu2"] and (doc["device"], doc["backend"]) == ("cpu", "gloo")
     # No GPU: host memory copies, said so; sizes 4 KiB .. 64 MiB (the CPU default).
@@ -43,7 +45,7 @@ def test_bench_on_two_cpu_nodes_writes_json_table_and_png(work: Path) -> None:
     assert {r["dtype"] for m in doc["matmul"]["ranks"] for r in m["rows"]} == {"fp32", "bf16"}
     assert all(not r["known"] for r in doc["link"]["ranks"])
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "bench.txt").read_text() == bench.table(doc)
+    assert (out / "bench.txt").read_text() == results.table(doc)
     assert stat.S_IMODE((out / "bench.json").stat().st_mode) == 0o600
 
 

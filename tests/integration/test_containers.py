@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from test_directory import as_user
 
-from pyhpc import container_build, paths
+from pyhpc import paths
+from pyhpc.containers import build as container_build
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import cluster, directory, paths
+from pyhpc import cluster, paths
+from pyhpc.admin import directory
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 

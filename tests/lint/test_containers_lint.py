@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import containers, paths
+from pyhpc import paths
+from pyhpc.containers import spec as containers
 
 BIN = Path(sys.executable).parent
 VARIANTS = ("cpu", "cuda")
@@ -57,7 +58,8 @@ def test_shellcheck_passes_on_containerfile_run_steps(shellcheck: str) -> None:
 
 @pytest.mark.parametrize("runtime", ["podman", "apptainer", "enroot"])
 def test_shellcheck_passes_on_rendered_container_job(runtime: str, shellcheck: str) -> None:
-    from pyhpc import cluster, render
+    from pyhpc import cluster
+    from pyhpc.slurm import render
 
     text = render.render("container", {"module": "pyhpc.train", "args": "--out run",
                                        "runtime": runtime, "binds": "/srv/data"},

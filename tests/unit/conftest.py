@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import directory, paths
+from pyhpc import paths
+from pyhpc.admin import directory
 
 SLURM_TOOLS = ("sbatch", "srun", "squeue", "sacct", "scancel", "scontrol", "salloc")
 FAKE_TOOL = """#!/bin/bash

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from pyhpc import bench, cli
-from pyhpc.bench import GIB, KIB, MIB, BenchConfig, BenchError
+from pyhpc.bench import config as bench
+from pyhpc.bench import results
+from pyhpc.bench.config import GIB, KIB, MIB, BenchConfig, BenchError
+from pyhpc.cli import main as cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -80,7 +82,7 @@ def test_bad_sizes_are_one_line_naming_the_option(bad: object) -> None:
                                                     (3, 16, 15.76), (4, 8, 15.752),
                                                     (None, 16, None), (9, 16, None)])
 def test_pcie_peak(gen: int | None, width: int, peak: float | None) -> None:
-    assert bench.pcie_peak(gen, width) == peak
+    assert results.pcie_peak(gen, width) == peak
 
 
 NVIDIA_SMI_Q = """
@@ -113,10 +115,10 @@ NVLINK_S = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f2b)
 
 def test_nvidia_smi_parsers() -> None:
     # The idle link reports Gen1; the nominal peak is the lower of GPU's and host's maximum.
-    assert bench.parse_pcie(NVIDIA_SMI_Q) == (4, 16)
-    assert bench.parse_pcie("no PCI section") == (None, None)
-    assert bench.parse_nvlink(NVLINK_S) == pytest.approx(79.686)
-    assert bench.parse_nvlink("GPU 0: no links\n") is None
+    assert results.parse_pcie(NVIDIA_SMI_Q) == (4, 16)
+    assert results.parse_pcie("no PCI section") == (None, None)
+    assert results.parse_nvlink(NVLINK_S) == pytest.approx(79.686)
+    assert results.parse_nvlink("GPU 0: no links\n") is None
 
 
 def test_link_row_on_a_gpu_compares_with_the_nominal_peaks() -> None:
@@ -125,24 +127,24 @@ def test_link_row_on_a_gpu_compares_with_the_nominal_peaks() -> None:
               {"bytes": GIB, "direction": "d2h", "memory": "pinned", "GBps": 30.0}]
     groups = [{"scope": "intra-node", "rows": [{"busbw_GBps": 39.8}, {"busbw_GBps": 10.0}]},
               {"scope": "inter-node", "rows": [{"busbw_GBps": 79.0}]}]
-    row = bench.link_row(3, "gpu1", True, NVIDIA_SMI_Q, NVLINK_S, copies, groups)
+    row = results.link_row(3, "gpu1", True, NVIDIA_SMI_Q, NVLINK_S, copies, groups)
     assert (row["pcie_gen"], row["pcie_width"], row["pcie_peak_GBps"]) == (4, 16, 31.504)
     assert row["known"] and row["reason"] == "nvidia-smi"
     assert row["copy_fraction"] == pytest.approx(12.6 / 31.504)  # pinned h2d only
     assert row["allreduce_fraction"] == pytest.approx(39.8 / 79.686)  # intra-node vs NVLink
-    no_nvlink = bench.link_row(3, "gpu1", True, NVIDIA_SMI_Q, None, copies, groups)
+    no_nvlink = results.link_row(3, "gpu1", True, NVIDIA_SMI_Q, None, copies, groups)
     assert no_nvlink["allreduce_fraction"] == pytest.approx(39.8 / 31.504)  # vs PCIe
-    silent = bench.link_row(3, "gpu1", True, None, None, copies, groups)
+    silent = results.link_row(3, "gpu1", True, None, None, copies, groups)
     assert not silent["known"] and silent["reason"] == "nvidia-smi did not answer"
     assert silent["copy_fraction"] is None and silent["allreduce_fraction"] is None
-    cpu = bench.link_row(0, "cpu1", False, NVIDIA_SMI_Q, NVLINK_S, copies, groups)
+    cpu = results.link_row(0, "cpu1", False, NVIDIA_SMI_Q, NVLINK_S, copies, groups)
     assert not cpu["known"] and cpu["reason"].startswith("no GPU")
     for each in (row, no_nvlink, silent, cpu):
-        bench._keep(bench.LINK_ROW, each, "link")
+        results._keep(results.LINK_ROW, each, "link")
 
 
 def test_command_text_is_none_when_the_command_is_missing_or_fails() -> None:
-    from pyhpc import device
+    from pyhpc.dist import device
 
     assert device.command_text(["/bin/echo", "hi"]) == "hi\n"
     assert device.command_text(["/nonexistent/nvidia-smi", "-q"]) is None
@@ -182,7 +184,7 @@ def test_auto_sizes_depend_on_the_device(tmp_path: Path) -> None:
 
 
 def _bench_in_child(cfg: BenchConfig, queue: Any) -> None:
-    from pyhpc import bench_job
+    from pyhpc.bench import job as bench_job
 
     queue.put(bench_job.run(cfg))
 
@@ -211,12 +213,12 @@ def test_the_job_code_writes_json_table_and_png_on_the_cpu(
         cpu_results: tuple[Path, dict[str, Any]]) -> None:
     out, doc = cpu_results
     assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.png", "bench.txt"]
-    assert bench.read_results(out / "bench.json") == doc
+    assert results.read_results(out / "bench.json") == doc
     for path in out.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
     assert (out / "bench.png").read_bytes()[:8] == PNG
-    assert (out / "bench.txt").read_text() == bench.table(doc)
+    assert (out / "bench.txt").read_text() == results.table(doc)
 
 
 def test_the_json_shape(cpu_results: tuple[Path, dict[str, Any]]) -> None:
@@ -244,7 +246,7 @@ def test_the_json_shape(cpu_results: tuple[Path, dict[str, Any]]) -> None:
 def test_only_the_tests_asked_for_run(tmp_path: Path) -> None:
     doc = run_job_code(tmp_path / "out", tests=("matmul",))
     assert doc["copy"] is None and doc["allreduce"] is None and doc["matmul"]["ranks"]
-    text = bench.table(doc)
+    text = results.table(doc)
     assert "Copy" not in text and "All-reduce" not in text and "Matmul (n = 64)" in text
 
 
@@ -262,7 +264,7 @@ def test_a_document_of_the_wrong_shape_is_refused(
     doc = copy.deepcopy(cpu_results[1])
     change(doc)
     with pytest.raises(BenchError) as exc:
-        bench.check_document(doc)
+        results.check_document(doc)
     assert str(exc.value).startswith(message)
 
 
@@ -282,7 +284,7 @@ def gpu_document() -> dict[str, Any]:
             "pcie_width": 16, "pcie_peak_GBps": 31.504, "nvlink_GBps": None,
             "copy_fraction": 25.0 / 31.504, "allreduce_fraction": 0.5}
     return {
-        "schema": bench.SCHEMA, "job_id": "7", "torch_version": "2.13.0", "device": "cuda",
+        "schema": results.SCHEMA, "job_id": "7", "torch_version": "2.13.0", "device": "cuda",
         "backend": "nccl", "nodes": ["gpu1", "gpu2"], "world_size": 4,
         "tests": list(bench.TESTS), "units": {},
         "copy": {"what": "host<->device", "max_bytes": GIB, "ranks": [
@@ -301,8 +303,8 @@ def gpu_document() -> dict[str, Any]:
 
 
 def test_table_reports_the_slowest_rank_and_node() -> None:
-    doc = bench.check_document(gpu_document())
-    text = bench.table(doc)
+    doc = results.check_document(gpu_document())
+    text = results.table(doc)
     lines = text.splitlines()
     assert lines[0].startswith("pyhpc bench: job 7, 2 node(s) (gpu1, gpu2), 4 rank(s), "
                                "device cuda, backend nccl")
@@ -321,13 +323,13 @@ def test_table_reports_the_slowest_rank_and_node() -> None:
 
 def test_table_on_the_cpu_says_the_link_is_unknown(
         cpu_results: tuple[Path, dict[str, Any]]) -> None:
-    text = bench.table(cpu_results[1])
+    text = results.table(cpu_results[1])
     assert "Fraction of nominal link peak: unknown (no GPU" in text
     assert "host memory copy" in text and "h2h pageable" in text
 
 
 def test_png_of_a_gpu_document(tmp_path: Path) -> None:
-    path = bench.plot(gpu_document(), tmp_path / "bench.png")
+    path = results.plot(gpu_document(), tmp_path / "bench.png")
     assert path.read_bytes()[:8] == PNG
 
 
@@ -335,14 +337,14 @@ def test_write_results_refuses_a_bad_document_and_writes_nothing(tmp_path: Path)
     doc = gpu_document()
     doc.pop("link")
     with pytest.raises(BenchError, match="^results: bench.link is missing"):
-        bench.write_results(tmp_path / "out", doc)
+        results.write_results(tmp_path / "out", doc)
     assert not (tmp_path / "out").exists()
 
 
 def test_read_results_of_garbage_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "bench.json").write_text("{not json")
     with pytest.raises(BenchError, match=r"^results: cannot read .*bench.json \(JSONDecodeError\)"):
-        bench.read_results(tmp_path / "bench.json")
+        results.read_results(tmp_path / "bench.json")
 
 
 # -- the command -----------------------------------------------------------------------

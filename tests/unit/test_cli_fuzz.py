@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyhpc import cli
+from pyhpc.cli import main as cli
 
 #: `containers build` runs podman and `train --local` trains: both run for real elsewhere.
 SKIP = {"--local"}

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import cli, paths
-from pyhpc.cli_jobs import add_commands  # noqa: F401  (registered by cli.build_parser)
+from pyhpc import paths
+from pyhpc.cli import main as cli
+from pyhpc.cli.jobs import add_commands  # noqa: F401  (registered by cli.build_parser)
 
 COMMANDS = ("render", "submit", "status", "logs", "cancel", "train", "scale", "report", "bench")
 
@@ -21,7 +22,7 @@ def test_every_command_has_help(command: str, capsys) -> None:
     assert f"usage: pyhpc {command}" in capsys.readouterr().out
 
 def test_startup_and_render_do_not_import_torch() -> None:
-    code = ("import sys; from pyhpc import cli; cli.build_parser().format_help();\n"
+    code = ("import sys; from pyhpc.cli import main as cli; cli.build_parser().format_help();\n"
             f"for c in {COMMANDS!r}:\n"
             "    try: cli.main([c, '--help'])\n"
             "    except SystemExit: pass\n"

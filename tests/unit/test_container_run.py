@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import container_run
+from pyhpc.containers import run as container_run
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pyhpc import containers
-from pyhpc.containers import ContainerError, Variant
+from pyhpc.containers import spec as containers
+from pyhpc.containers.spec import ContainerError, Variant
 
 SETTINGS = settings(max_examples=60, derandomize=True, database=None, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pyhpc import cli, container_build, containers
-from pyhpc.containers import ContainerError
+from pyhpc.cli import main as cli
+from pyhpc.containers import build as container_build
+from pyhpc.containers import spec as containers
+from pyhpc.containers.spec import ContainerError
 
 VARIANTS = ("cpu", "cuda")
 DEF_SECTIONS = ["%labels", "%environment", "%files", "%post", "%runscript", "%test"]
@@ -176,7 +178,7 @@ def test_render_writes_file(tmp_path: Path, capsys) -> None:
 
 
 def test_cli_startup_and_render_do_not_import_torch() -> None:
-    code = ("import sys, io, contextlib\nfrom pyhpc import cli\n"
+    code = ("import sys, io, contextlib\nfrom pyhpc.cli import main as cli\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    cli.main(['containers', 'render', '--variant', 'cpu'])\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
@@ -189,7 +191,8 @@ JOB_VALUES = {"module": "pyhpc.train", "args": "--out run --mode synthetic",
 
 @pytest.mark.parametrize("runtime", ["podman", "apptainer", "enroot"])
 def test_container_job_matches_golden(golden, runtime: str) -> None:
-    from pyhpc import cluster, paths, render
+    from pyhpc import cluster, paths
+    from pyhpc.slurm import render
 
     text = render.render("container", {**JOB_VALUES, "runtime": runtime},
                          cluster.load(paths.LAB_CLUSTER))
@@ -197,7 +200,8 @@ def test_container_job_matches_golden(golden, runtime: str) -> None:
 
 
 def test_container_job_wraps_the_bare_job_line() -> None:
-    from pyhpc import cluster, paths, render
+    from pyhpc import cluster, paths
+    from pyhpc.slurm import render
 
     lab = cluster.load(paths.LAB_CLUSTER)
     bare = render.render("ddp-srun", {"module": "pyhpc.train", "args": "--out run"}, lab)
@@ -212,7 +216,8 @@ def test_container_job_wraps_the_bare_job_line() -> None:
 def test_container_job_starts_the_image_on_every_node_before_the_tasks(tmp_path: Path) -> None:
     """The check step runs first; when it fails the job prints its one line and exits 3,
     and the tasks never start."""
-    from pyhpc import cluster, paths, render
+    from pyhpc import cluster, paths
+    from pyhpc.slurm import render
 
     text = render.render("container", {"module": "pyhpc.train"}, cluster.load(paths.LAB_CLUSTER))
     body = text.split("export MASTER_ADDR MASTER_PORT\n", 1)[1]
@@ -237,7 +242,8 @@ def test_container_job_starts_the_image_on_every_node_before_the_tasks(tmp_path:
     ({"binds": "/srv,relative"}, r"^binds\[1\]: 'relative' is not allowed; use an absolute path"),
 ])
 def test_container_job_refuses_hostile_paths(values, message) -> None:
-    from pyhpc import cluster, paths, render
+    from pyhpc import cluster, paths
+    from pyhpc.slurm import render
 
     with pytest.raises(render.RenderError, match=message):
         render.render("container", {"module": "pyhpc.train", **values},
@@ -245,7 +251,8 @@ def test_container_job_refuses_hostile_paths(values, message) -> None:
 
 
 def test_container_job_unknown_runtime_is_an_error() -> None:
-    from pyhpc import cluster, paths, render
+    from pyhpc import cluster, paths
+    from pyhpc.slurm import render
 
     with pytest.raises(render.RenderError) as err:
         render.render("container", {"module": "pyhpc.train", "runtime": "docker"},

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pyhpc import device
-from pyhpc.device import Choice, DeviceError, Placement, choose
+from pyhpc.dist import device
+from pyhpc.dist.device import Choice, DeviceError, Placement, choose
 from pyhpc.errors import PyhpcError
 from pyhpc.paths import ROOT
 
@@ -209,7 +209,7 @@ def test_the_cpu_placement_runs_without_touching_cuda() -> None:
 
 
 def test_device_module_does_not_import_torch() -> None:
-    code = "import sys, pyhpc.device; print('torch' in sys.modules)"
+    code = "import sys, pyhpc.dist.device; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     assert proc.stdout.strip() == "False"

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pyhpc import cluster, directory, paths
+from pyhpc import cluster, paths
+from pyhpc.admin import directory
 from pyhpc.cluster import ConfigError
 
 EXTERNAL = {"uri": "ldaps://ldap.uni.example:636", "base_dn": "dc=uni,dc=example",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyhpc.doctor import Doctor, table
+from pyhpc.admin.doctor import Doctor, table
 
 HEALTHY = {
     "munge": (0, "MUNGE:cred:\n"),

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from pyhpc import cli, doctor, gpucheck, slurm
+from pyhpc.admin import doctor, gpucheck
+from pyhpc.cli import main as cli
+from pyhpc.slurm import slurm
 
 NODE = ("NodeName={name} Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 Gres={gres} NodeAddr=127.0.0.1 "
         "State={state} Partitions={part} OS=Linux 6.1 #1 SMP ExtSensorsTemp=n/s")
@@ -76,7 +78,7 @@ def test_check_step_holds_every_gpu_of_the_node_on_its_partition(cluster, capsys
     first = steps[0]
     for arg in ("--nodelist=gpu1", "--nodes=1", "--ntasks=1", "--gres=gpu:2", "--partition=gpu"):
         assert arg in first
-    assert first[-3:] == [str(doctor.PYTHON), "-m", "pyhpc.gpucheck"]
+    assert first[-3:] == [str(doctor.PYTHON), "-m", "pyhpc.admin.gpucheck"]
     assert str(doctor.PYTHON) == "/opt/pyhpc/venv/bin/python"
 
 

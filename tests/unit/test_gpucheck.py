@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import gpucheck
+from pyhpc.admin import gpucheck
 
 GRES = """# gres.conf for cluster lab (mode lab).
 NodeName=gpu1 Name=gpu Type=lab File={dir}/gpu1/nvidia[0-1]
@@ -132,5 +132,5 @@ def test_parse_finds_nothing_in_other_output() -> None:
 
 
 def test_importing_the_check_does_not_import_torch() -> None:
-    code = "import sys, pyhpc.doctor, pyhpc.gpucheck; sys.exit('torch' in sys.modules)"
+    code = "import sys, pyhpc.admin.doctor, pyhpc.admin.gpucheck; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pyhpc import cli, cluster, files, metrics, paths, render
-from pyhpc._submit import submit_template, write_script
+from pyhpc import cluster, files, paths
+from pyhpc.cli import main as cli
 from pyhpc.cluster import ConfigError
+from pyhpc.slurm import render
+from pyhpc.slurm.submit import submit_template, write_script
+from pyhpc.train import metrics
 
 
 def lab_data() -> dict[str, Any]:
@@ -48,8 +51,8 @@ class Payload:
 
 def test_1_a_planted_checkpoint_pickle_does_not_run(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from pyhpc import train
-    from pyhpc.trainconfig import TrainError
+    from pyhpc.train import loop as train
+    from pyhpc.train.config import TrainError
 
     marker = tmp_path / "pwned"
     ckpt = tmp_path / "checkpoint.pt"
@@ -351,7 +354,7 @@ def test_report_into_a_directory_prints_the_file_it_wrote(workdir: Path, capsys)
 
 
 def test_an_unexpected_error_is_one_line_with_a_hint(monkeypatch, capsys) -> None:
-    from pyhpc import cli_jobs
+    from pyhpc.cli import jobs as cli_jobs
 
     def boom(args):
         raise RuntimeError("disk on fire\nsecond line")

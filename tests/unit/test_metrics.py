@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import metrics
 from pyhpc.errors import PyhpcError
 from pyhpc.files import FileError
+from pyhpc.train import metrics
 
 ENV = metrics.Environment(torch_version="2.13.0", backend="gloo", job_id="42",
                           nodes=["cpu1", "cpu2"], local_batch=10)

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from test_slurm_templates import context
 from test_slurm_templates import render as render_conf
 
-from pyhpc import cluster, paths, render
+from pyhpc import cluster, paths
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm import render
 
 BUDGET = settings(max_examples=80, derandomize=True, database=None, deadline=None,
                   suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import cluster, paths, render
-from pyhpc.jobspec import JobSpecError
+from pyhpc import cluster, paths
+from pyhpc.slurm import render
+from pyhpc.slurm.jobspec import JobSpecError
 
 HOSTILE = 'x"; touch /tmp/pwned; #'
 #: One rendering per shipped template, compared with tests/golden/jobs/<name>.sbatch.

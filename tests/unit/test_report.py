@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import metrics, report
 from pyhpc.errors import PyhpcError
 from pyhpc.files import FileError
+from pyhpc.train import metrics, report
 
 
 def summary(workers: int, rate: float) -> metrics.Summary:

@@ -14,8 +14,8 @@ from types import ModuleType
 
 import pytest
 
-from pyhpc import startup
-from pyhpc.startup import Marks
+from pyhpc.train import startup
+from pyhpc.train.startup import Marks
 
 # /proc/<pid>/stat of a process whose name holds a space and a ')': field 22 is 4242.
 STAT = ("1234 (py thon) x) S 1 1234 1234 0 -1 4194560 900 0 0 0 5 2 0 0 20 0 1 0 "
@@ -26,7 +26,7 @@ MARKS = Marks(process_start=100.0, imported=101.5, rendezvous_done=101.75, first
 @pytest.fixture
 def train() -> ModuleType:
     pytest.importorskip("torch")
-    from pyhpc import train
+    from pyhpc.train import loop as train
 
     return train
 
@@ -37,7 +37,7 @@ def test_start_ticks_counts_fields_after_a_name_with_spaces_and_parentheses() ->
 
 
 def test_this_process_start_is_before_its_first_statement_by_under_a_tick() -> None:
-    code = ("import time; t = time.time(); from pyhpc.startup import this_process_start; "
+    code = ("import time; t = time.time(); from pyhpc.train.startup import this_process_start; "
             "print(t - this_process_start())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
@@ -88,14 +88,14 @@ def test_report_outside_slurm_or_with_a_bad_start_time_has_no_job() -> None:
 
 
 def test_startup_imports_neither_torch_nor_submitit() -> None:
-    code = "import sys, pyhpc.startup; print(sorted({'torch', 'submitit'} & set(sys.modules)))"
+    code = "import sys, pyhpc.train.startup; print(sorted({'torch', 'submitit'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_train_imports_neither_submitit_nor_sklearn(train: ModuleType) -> None:
-    code = ("import sys, pyhpc.train; "
+    code = ("import sys, pyhpc.train.loop; "
             "print(sorted({'submitit', 'sklearn'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
@@ -113,7 +113,7 @@ def test_digits_are_load_digits_without_importing_sklearn(train: ModuleType) -> 
 
 
 def test_trainer_checkpoint_requeues_the_same_call(train: ModuleType, tmp_path: Path) -> None:
-    from pyhpc.trainconfig import TrainConfig
+    from pyhpc.train.config import TrainConfig
 
     trainer = train.Trainer(TrainConfig(out=str(tmp_path)))
     delayed = trainer.checkpoint()
@@ -141,7 +141,7 @@ def test_a_run_writes_startup_json_privately_through_no_link(
         train: ModuleType, tmp_path: Path, monkeypatch) -> None:
     from test_train import run_in_child
 
-    from pyhpc.trainconfig import TrainConfig
+    from pyhpc.train.config import TrainConfig
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("PYHPC_GROUP_READABLE", raising=False)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import pyhpc
-from pyhpc import SubmitError, cluster, jobspec, submit_script, submit_template
-from pyhpc.jobspec import JobSpec, JobSpecError
+from pyhpc import SubmitError, cluster, submit_script, submit_template
+from pyhpc.slurm import jobspec
+from pyhpc.slurm.jobspec import JobSpec, JobSpecError
 
 FAKE = """#!/bin/bash
 echo "$(basename "$0") $*" >> "{log}"

@@ -9,8 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pyhpc import metrics, train, trainconfig  # noqa: E402
-from pyhpc.trainconfig import TrainConfig, TrainError  # noqa: E402
+from pyhpc.train import config as trainconfig  # noqa: E402
+from pyhpc.train import loop as train  # noqa: E402
+from pyhpc.train import metrics  # noqa: E402
+from pyhpc.train.config import TrainConfig, TrainError  # noqa: E402
 
 
 def _run(cfg: TrainConfig, queue) -> None:

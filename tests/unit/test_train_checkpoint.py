@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pyhpc import train  # noqa: E402
-from pyhpc.trainconfig import TrainConfig, TrainError  # noqa: E402
+from pyhpc.train import loop as train  # noqa: E402
+from pyhpc.train.config import TrainConfig, TrainError  # noqa: E402
 
 
 def listing(path: Path) -> dict[str, str]:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import trainconfig
 from pyhpc.errors import PyhpcError
 from pyhpc.files import FileError
 from pyhpc.paths import ROOT
-from pyhpc.trainconfig import MODES, TrainConfig, TrainError
+from pyhpc.train import config as trainconfig
+from pyhpc.train.config import MODES, TrainConfig, TrainError
 
 
 def test_trainconfig_imports_neither_torch_nor_submitit_nor_numpy() -> None:
-    code = ("import sys, pyhpc.trainconfig; "
+    code = ("import sys, pyhpc.train.config; "
             "print(sorted({'torch', 'submitit', 'numpy'} & set(sys.modules)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)

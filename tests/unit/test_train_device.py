@@ -12,9 +12,12 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
-from pyhpc import device, dist, metrics, train  # noqa: E402
-from pyhpc.device import Placement  # noqa: E402
-from pyhpc.trainconfig import TrainConfig  # noqa: E402
+from pyhpc import dist  # noqa: E402
+from pyhpc.dist import device  # noqa: E402
+from pyhpc.dist.device import Placement  # noqa: E402
+from pyhpc.train import loop as train  # noqa: E402
+from pyhpc.train import metrics  # noqa: E402
+from pyhpc.train.config import TrainConfig  # noqa: E402
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
                              reason="no CUDA device on this machine")

@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 from test_train import run_in_child  # noqa: E402
 from test_train_checkpoint import listing  # noqa: E402
 
-from pyhpc import train  # noqa: E402
 from pyhpc.files import FileError  # noqa: E402
-from pyhpc.trainconfig import TrainConfig  # noqa: E402
+from pyhpc.train import loop as train  # noqa: E402
+from pyhpc.train.config import TrainConfig  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", "ranks.jsonl"])

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pyhpc import train  # noqa: E402
-from pyhpc.trainconfig import TrainConfig  # noqa: E402
+from pyhpc.train import loop as train  # noqa: E402
+from pyhpc.train.config import TrainConfig  # noqa: E402
 
 
 @pytest.mark.parametrize(("args", "message"), [

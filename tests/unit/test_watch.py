@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pyhpc import slurm, watch
-from pyhpc.watch import WatchError
+from pyhpc.slurm import slurm, watch
+from pyhpc.slurm.watch import WatchError
 
 
 class Rows:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import cli, cluster, directory, paths, workshop
+from pyhpc import cluster, paths
+from pyhpc.admin import directory, workshop
+from pyhpc.cli import main as cli
 
 NOW = datetime(2026, 3, 1, 12, 0)
 

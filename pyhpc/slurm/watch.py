@@ -22,8 +22,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from pyhpc import slurm, validate
+from pyhpc import validate
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm import slurm
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                       "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED",

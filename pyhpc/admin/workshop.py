@@ -19,9 +19,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pyhpc import directory, files, slurm, validate
+from pyhpc import files, validate
+from pyhpc.admin import directory
 from pyhpc.cluster import Cluster, Directory
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm import slurm
 
 #: The Slurm account's organization: how ``list`` and ``delete`` know a workshop's account.
 ORGANIZATION = "pyhpc-workshop"

@@ -5,7 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pyhpc import container_build, containers
+from pyhpc.containers import build as container_build
+from pyhpc.containers import spec as containers
 
 
 def cmd_render(args: argparse.Namespace) -> int:

@@ -6,11 +6,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pyhpc import jobspec, watch
-from pyhpc._submit import DEFAULT_FOLDER, cluster_or_default, submit
 from pyhpc.cluster import Cluster
-from pyhpc.jobspec import JobSpec, JobSpecError, check
-from pyhpc.trainconfig import TrainConfig, TrainError, check_out, check_steps
+from pyhpc.slurm import jobspec, watch
+from pyhpc.slurm.jobspec import JobSpec, JobSpecError, check
+from pyhpc.slurm.submit import DEFAULT_FOLDER, cluster_or_default, submit
+from pyhpc.train.config import TrainConfig, TrainError, check_out, check_steps
 
 SCALING = ("weak", "strong")
 
@@ -62,10 +62,10 @@ def check_run(cfg: TrainConfig, res: Resources, cluster: Cluster, local: bool = 
 
 
 def submit_run(cfg: TrainConfig, res: Resources, cluster: Cluster | None = None) -> Any:
-    """Submit one training run (a submitit job of :class:`pyhpc.train.Trainer`)."""
+    """Submit one training run (a submitit job of :class:`pyhpc.train.loop.Trainer`)."""
     the_cluster = cluster_or_default(cluster)
     spec = check_run(cfg, res, the_cluster)
-    from pyhpc.train import Trainer  # torch: only once the run is known to be good
+    from pyhpc.train.loop import Trainer  # torch: only once the run is known to be good
 
     return submit_task(Trainer(cfg), spec, res.folder, the_cluster)
 

@@ -1,7 +1,7 @@
 """Submit work to Slurm: a Python function through submitit, or a batch script via sbatch.
 
 Every path checks the resource request against the cluster definition first
-(:mod:`pyhpc.jobspec`), so a bad request submits nothing. ``pyhpc.submit`` is
+(:mod:`pyhpc.slurm.jobspec`), so a bad request submits nothing. ``pyhpc.submit`` is
 :func:`submit`, exported by the package from this private module.
 """
 from __future__ import annotations
@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyhpc import dist, files, jobspec, paths, render, slurm, validate, watch
+from pyhpc import dist, files, paths, validate
 from pyhpc.cluster import Cluster, load
 from pyhpc.errors import PyhpcError, echo
-from pyhpc.jobspec import JobSpec, check
+from pyhpc.slurm import jobspec, render, slurm, watch
+from pyhpc.slurm.jobspec import JobSpec, check
 
 #: Where submitit keeps pickles and logs, and where rendered scripts are written.
 DEFAULT_FOLDER = Path("pyhpc-jobs")
@@ -187,7 +188,7 @@ def submit_script(script: str | Path, spec: JobSpec | None = None,
 
 def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster | None = None,
                     test_only: bool = False) -> ScriptJob:
-    """Render a job template (see :mod:`pyhpc.render`), save it, and sbatch it."""
+    """Render a job template (see :mod:`pyhpc.slurm.render`), save it, and sbatch it."""
 
     the_cluster = cluster_or_default(cluster)
     text = render.render(template, values, the_cluster)

@@ -37,7 +37,7 @@ class StepTimer:
     """Records step-to-step wall times with one perf_counter call per step.
 
     ``sync`` is called first at every mark: on a GPU it waits for the step's kernels
-    (:meth:`pyhpc.device.Placement.synchronize`), so a step's time is its real duration
+    (:meth:`pyhpc.dist.device.Placement.synchronize`), so a step's time is its real duration
     and not the time to queue it; on the CPU it returns at once.
     """
 

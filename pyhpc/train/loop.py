@@ -4,7 +4,7 @@
 scikit-learn (no download); ``mode="synthetic"`` trains a wider CNN on generated
 32x32 images, for throughput. Data-parallel (DDP) over every task of the job,
 fixed seeds, a checkpoint after every epoch. Each task computes on the device
-:mod:`pyhpc.device` chooses (``--device``, ``--precision``); the loop is the same on every
+:mod:`pyhpc.dist.device` chooses (``--device``, ``--precision``); the loop is the same on every
 device, only the placement's flags differ. :class:`Trainer` is checkpointable as
 submitit asks (a ``checkpoint`` method): a preempted, timed-out or requeued job restarts
 from the last completed epoch, so no epoch is lost or repeated.
@@ -35,11 +35,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from pyhpc import device, dist, files, metrics, startup, trainconfig
+from pyhpc import dist, files
+from pyhpc.dist import device
 from pyhpc.errors import PyhpcError
-from pyhpc.trainconfig import TrainConfig, TrainError
+from pyhpc.train import config as trainconfig
+from pyhpc.train import metrics, startup
+from pyhpc.train.config import TrainConfig, TrainError
 
-#: When this module's imports (torch's among them) were done: a :mod:`pyhpc.startup` mark.
+#: When this module's imports (torch's among them) were done: a :mod:`pyhpc.train.startup` mark.
 IMPORTED = time.time()
 
 CHECKPOINT = "checkpoint.pt"
@@ -297,8 +300,8 @@ class Prepared:
 
 def prepare(cfg: TrainConfig) -> Prepared:
     """Everything that can be refused, refused before any work starts: the options and the
-    run directory (:func:`pyhpc.trainconfig.from_mapping`), a device or precision this task
-    cannot use (:func:`pyhpc.device.resolve`, before the run directory exists), a link
+    run directory (:func:`pyhpc.train.config.from_mapping`), a device or precision this task
+    cannot use (:func:`pyhpc.dist.device.resolve`, before the run directory exists), a link
     where rank 0 appends, a checkpoint that is not one of ours. Creates the run directory
     (private) and nothing else; touches no process-wide state (threads, seeds, signals,
     current device, process group)."""
@@ -460,6 +463,3 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary.row(), sort_keys=True), flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

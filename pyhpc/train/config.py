@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from pyhpc import validate
-from pyhpc.device import DEVICES, PRECISIONS
+from pyhpc.dist.device import DEVICES, PRECISIONS
 from pyhpc.errors import PyhpcError, echo
 from pyhpc.files import FileError
 

@@ -1,11 +1,11 @@
 """Inside the ``pyhpc bench`` job: the measurements (torch), one process per task.
 
-Every task joins the job's process group on its device (:mod:`pyhpc.device`: NCCL on
+Every task joins the job's process group on its device (:mod:`pyhpc.dist.device`: NCCL on
 GPUs, gloo on the CPU). Copies and matmuls are timed on one task per node at a time
 (tasks take turns within a node, nodes run side by side), all-reduces by every task of a
 group together. Rank 0 gathers everything and writes the results
-(:func:`pyhpc.bench.write_results`). The same lines run on the CPU and on GPUs; the
-GPU-only ones are in :mod:`pyhpc.device`.
+(:func:`pyhpc.bench.results.write_results`). The same lines run on the CPU and on GPUs; the
+GPU-only ones are in :mod:`pyhpc.dist.device`.
 """
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ import submitit
 import torch
 import torch.distributed as td
 
-from pyhpc import bench, device, dist
-from pyhpc.bench import BenchConfig
+from pyhpc import dist
+from pyhpc.bench import config as bench
+from pyhpc.bench import results
+from pyhpc.bench.config import BenchConfig
+from pyhpc.dist import device
 
 #: Seconds one copy or matmul measurement aims at (repetitions double until reached).
 BUDGET_S = {"copy": 0.05, "matmul": 0.2}
@@ -154,7 +157,7 @@ def measure(cfg: BenchConfig, info: dist.DistInfo) -> dict[str, Any] | None:
                        else ([], []))
     mine = {"rank": rank, "host": host, "device": place.name, "copy": copies, "matmul": mm,
             "groups": [{k: v for k, v in g.items() if k != "lead"} for g in groups if g["lead"]],
-            "link": bench.link_row(
+            "link": results.link_row(
                 rank, host, place.cuda, device.nvidia_smi(place, "-q"),
                 device.nvidia_smi(place, "nvlink", "-s"), copies, groups)}
     gathered: list[Any] = [None] * world
@@ -163,7 +166,7 @@ def measure(cfg: BenchConfig, info: dist.DistInfo) -> dict[str, Any] | None:
         return None
     where = {"rank": 0, "host": 0, "device": 0}
     return {
-        "schema": bench.SCHEMA, "job_id": os.environ.get("SLURM_JOB_ID", "local"),
+        "schema": results.SCHEMA, "job_id": os.environ.get("SLURM_JOB_ID", "local"),
         "torch_version": torch.__version__, "device": place.type, "backend": info.backend,
         "nodes": list(dict.fromkeys(hosts)), "world_size": world, "tests": list(cfg.tests),
         "units": {"bandwidth": "GB/s = 10^9 bytes/s", "matmul": "TFLOP/s = 10^12 flop/s",
@@ -195,8 +198,8 @@ def run(cfg: BenchConfig) -> dict[str, Any] | None:
     try:
         doc = measure(cfg, info)
         if doc is not None:
-            bench.write_results(Path(cfg.out), doc)
-            print(bench.table(doc), flush=True)
+            results.write_results(Path(cfg.out), doc)
+            print(results.table(doc), flush=True)
         td.barrier()
     finally:
         dist.teardown()

@@ -3,14 +3,14 @@
 Munge round-trip, slurmctld and slurmdbd answer, every node idle, a 2-node
 ``srun`` lands on two distinct nodes and ``sacct`` records it, and where the definition's
 container runtime has an image, that image starts on a compute node exactly as the
-``container`` template starts its tasks (:mod:`pyhpc.container_run`), so a runtime that
+``container`` template starts its tasks (:mod:`pyhpc.containers.run`), so a runtime that
 cannot start (crun on a hybrid cgroup host, say) shows here, not in a researcher's job. Each check is a
-real command (run through :mod:`pyhpc.slurm`); a check that needs a failed one is
+real command (run through :mod:`pyhpc.slurm.slurm`); a check that needs a failed one is
 skipped and names what it waits for. Jobs run without slurmdbd, so the 2-node job
 needs only the controller and the nodes; only the accounting check needs slurmdbd.
 
 ``pyhpc doctor --gpus`` is the GPU acceptance: per GPU node, one step holding all its GPUs
-runs :mod:`pyhpc.gpucheck`; the GPUs the node sees must be the GPUs Slurm has as GRES, and
+runs :mod:`pyhpc.admin.gpucheck`; the GPUs the node sees must be the GPUs Slurm has as GRES, and
 the matmul and DCGM must pass. ``--drain`` drains a node only for a fault the node itself
 reported (a check that could not run drains nothing).
 """
@@ -24,8 +24,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pyhpc import cluster, gpucheck, paths, slurm
+from pyhpc import cluster, paths
+from pyhpc.admin import gpucheck
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm import slurm
 
 #: How long sacct gets to record the doctor's job (accounting is asynchronous).
 SACCT_WAIT = 30.0
@@ -209,7 +211,7 @@ def gpu_step(node: str, gpus: int, partition: str) -> list[str]:
     return [f"--nodelist={node}", "--nodes=1", "--ntasks=1", f"--gres=gpu:{gpus}",
             *([f"--partition={partition}"] if partition else []), f"--time={GPU_JOB_MINUTES}",
             f"--immediate={GPU_WAIT_S}", "--job-name=pyhpc-doctor-gpus", "--chdir=/tmp",
-            str(PYTHON), "-m", "pyhpc.gpucheck"]
+            str(PYTHON), "-m", "pyhpc.admin.gpucheck"]
 
 
 def gpu_verdict(node: str, state: str, gres: int, data: dict[str, Any]) -> GpuRow:

@@ -14,7 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import NoReturn
 
-from pyhpc import __version__, cli_admin, cli_containers, cli_jobs, cluster, doctor, files
+from pyhpc import __version__, cluster, files
+from pyhpc.admin import doctor
+from pyhpc.cli import admin as cli_admin
+from pyhpc.cli import containers as cli_containers
+from pyhpc.cli import jobs as cli_jobs
 from pyhpc.errors import PyhpcError
 
 DESCRIPTION = ("Submit multi-node PyTorch jobs to a Slurm cluster and report their "

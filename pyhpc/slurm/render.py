@@ -17,10 +17,11 @@ from typing import Any
 import jinja2
 from jinja2 import meta, nodes
 
-from pyhpc import jobspec, paths, validate
+from pyhpc import paths, validate
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError, echo
-from pyhpc.jobspec import JobSpec, check
+from pyhpc.slurm import jobspec
+from pyhpc.slurm.jobspec import JobSpec, check
 
 SUFFIX = ".sbatch.j2"
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")

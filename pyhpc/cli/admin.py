@@ -1,6 +1,6 @@
 """The admin commands of the ``pyhpc`` CLI: ``directory sync`` and ``workshop create|delete|
-list``. Each parses its arguments and makes one call into :mod:`pyhpc.directory` or
-:mod:`pyhpc.workshop`; run as root on the login host.
+list``. Each parses its arguments and makes one call into :mod:`pyhpc.admin.directory` or
+:mod:`pyhpc.admin.workshop`; run as root on the login host.
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pyhpc import cluster, directory, paths, workshop
+from pyhpc import cluster, paths
+from pyhpc.admin import directory, workshop
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:

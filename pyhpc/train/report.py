@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pyhpc import files, metrics
+from pyhpc import files
 from pyhpc.errors import echo
+from pyhpc.train import metrics
 
 #: The plot's name when only a directory is given (or nothing).
 PNG_NAME = "scaling.png"
@@ -176,7 +177,7 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
     actually written (see :func:`png_path`), through a temp file and ``os.replace``; with
     ``epochs_to_train`` also ``time-to-train.png`` beside the scaling plot.
     Everything is read and checked before anything is written: a bad ``scaling``, a bad
-    metrics file (:class:`~pyhpc.metrics.MetricsError` naming file:line) or a bad ``png``
+    metrics file (:class:`~pyhpc.train.metrics.MetricsError` naming file:line) or a bad ``png``
     (:class:`~pyhpc.files.FileError`) leaves no file and no directory behind.
     """
     if scaling not in metrics.SCALING:

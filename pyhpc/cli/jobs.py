@@ -13,24 +13,17 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pyhpc import (
-    _submit,
-    bench,
-    cluster,
-    jobspec,
-    metrics,
-    paths,
-    render,
-    report,
-    slurm,
-    sweep,
-    trainconfig,
-    validate,
-    watch,
-)
+from pyhpc import cluster, paths, validate
+from pyhpc.bench import config as bench
+from pyhpc.bench import results as bench_results
+from pyhpc.bench import submit as bench_submit
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
-from pyhpc.jobspec import JobSpecError
+from pyhpc.slurm import jobspec, render, slurm, watch
+from pyhpc.slurm import submit as _submit
+from pyhpc.slurm.jobspec import JobSpecError
+from pyhpc.train import config as trainconfig
+from pyhpc.train import metrics, report, sweep
 
 #: Flags of ``submit`` that set job spec fields (their names are the job spec's).
 RESOURCE_FLAGS = ("nodes", "tasks_per_node", "gpus_per_node", "partition", "time", "job_name",
@@ -131,7 +124,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out or f"pyhpc-runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
     cfg, res = _config(args, out), _resources(args, args.nodes)
     if args.local:
-        from pyhpc import train
+        from pyhpc.train import loop as train
 
         sweep.check_run(cfg, sweep.Resources(tasks_per_node=1), _cluster(), local=True)
         summary = train.run(cfg)
@@ -189,7 +182,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = bench.BenchConfig(out=str(out.resolve()), device="cuda" if args.gpus else "auto",
                             max_bytes=args.max_bytes, matmul_size=args.matmul_size,
                             tests=bench.tests_list(args.tests), threads=args.threads)
-    result = bench.run(cfg, _resources(args, args.nodes), _cluster(), args.wait, args.timeout)
+    result = bench_submit.run(cfg, _resources(args, args.nodes), _cluster(), args.wait, args.timeout)
     text = (result["table"] + f"results: {result['json']}, {result['png']}"
             if "table" in result else json.dumps(result))
     _emit({k: v for k, v in result.items() if k != "table"}, args.json, text)
@@ -287,8 +280,8 @@ def add_commands(sub: Any) -> None:
                    help="comma-separated, some of: %(default)s")
     p.add_argument("--max-bytes", default="0", metavar="SIZE",
                    help="largest copy and all-reduce size, 4K to 1G (e.g. 64M); default "
-                   f"0: {bench.size_label(bench.AUTO_MAX_BYTES['cuda'])} on GPUs, "
-                   f"{bench.size_label(bench.AUTO_MAX_BYTES['cpu'])} on the CPU")
+                   f"0: {bench_results.size_label(bench.AUTO_MAX_BYTES['cuda'])} on GPUs, "
+                   f"{bench_results.size_label(bench.AUTO_MAX_BYTES['cpu'])} on the CPU")
     p.add_argument("--matmul-size", default=0, type=int, metavar="N",
                    help=f"n of the n x n matmul, 0 to 32768; default 0: "
                    f"{bench.AUTO_MATMUL['cuda']} on GPUs, {bench.AUTO_MATMUL['cpu']} on the CPU")

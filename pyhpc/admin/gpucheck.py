@@ -1,4 +1,4 @@
-"""``python -m pyhpc.gpucheck``: one GPU node's own view of its GPUs, for ``pyhpc doctor --gpus``.
+"""``python -m pyhpc.admin.gpucheck``: one GPU node's own view of its GPUs, for ``pyhpc doctor --gpus``.
 
 The doctor runs it as one Slurm step holding every GPU Slurm has on the node
 (``srun -w NODE --gres=gpu:N``); it prints one line, ``PYHPC_GPUCHECK {json}``:
@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pyhpc import device, slurm
+from pyhpc.dist import device
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm import slurm
 
 #: Prefix of the one report line (the step's other output is not ours).
 MARK = "PYHPC_GPUCHECK"
@@ -158,7 +159,7 @@ def parse(stdout: str) -> dict[str, Any] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pyhpc.gpucheck", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pyhpc.admin.gpucheck", description=__doc__)
     parser.add_argument("--gres-conf", type=Path, default=GRES_CONF, help="this node's gres.conf")
     args = parser.parse_args(argv)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]

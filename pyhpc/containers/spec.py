@@ -2,7 +2,7 @@
 
 One spec, two outputs, same labels, environment, runscript and self-test. Rendering
 is deterministic (sorted labels and environment, no timestamps), so the rendered
-text is also the build cache key (see :mod:`pyhpc.container_build`).
+text is also the build cache key (see :mod:`pyhpc.containers.build`).
 
 Spec values land in a Containerfile, an Apptainer definition, shell scripts, a Python
 self-test and podman's env file, so they are checked twice: :func:`check_spec` checks

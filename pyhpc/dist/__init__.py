@@ -13,7 +13,7 @@ import runpy
 import sys
 from dataclasses import dataclass
 
-from pyhpc import device
+from pyhpc.dist import device
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class DistInfo:
     backend: str
     master_addr: str
     master_port: int
-    #: The task's device and precision, as :func:`pyhpc.device.resolve` chose them.
+    #: The task's device and precision, as :func:`pyhpc.dist.device.resolve` chose them.
     place: device.Placement = device.CPU
 
 
@@ -49,7 +49,7 @@ def export_env() -> None:
 def setup(place: device.Placement | None = None) -> DistInfo:
     """Initialise the default process group for this task and describe it.
 
-    ``place`` is the task's device (default: :func:`pyhpc.device.resolve` of ``auto``).
+    ``place`` is the task's device (default: :func:`pyhpc.dist.device.resolve` of ``auto``).
     The backend follows it — NCCL only on a GPU, gloo on the CPU — and a GPU becomes the
     process's current device before the group is created.
     """
@@ -108,6 +108,3 @@ def main(argv: list[str]) -> None:
         sys.argv = list(argv)
         runpy.run_path(argv[0], run_name="__main__")
 
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

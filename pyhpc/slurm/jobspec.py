@@ -1,6 +1,6 @@
 """A job's resource request, checked against the cluster, and its one mapping to Slurm.
 
-Templates (:mod:`pyhpc.render`), script submission and submitit all go through
+Templates (:mod:`pyhpc.slurm.render`), script submission and submitit all go through
 :func:`check` and read option names from :data:`OPTIONS`, so a request has one set of
 names (``tasks_per_node``, ``cpus_per_task``...) and fails the same way everywhere
 before anything reaches Slurm.

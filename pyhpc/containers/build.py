@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from pyhpc import containers
-from pyhpc.containers import ContainerError, Variant
+from pyhpc.containers import spec as containers
+from pyhpc.containers.spec import ContainerError, Variant
 
 PODMAN = ["podman", "--storage-driver", "vfs", "--runtime", "runc",
           "--cgroup-manager", "cgroupfs", "--events-backend", "file"]

@@ -1,0 +1,1 @@
+"""``pyhpc bench``: node and interconnect micro-benchmarks, run as one Slurm job."""
