@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import fields
@@ -17,6 +18,7 @@ from pyhpc import (
     _submit,
     bench,
     cluster,
+    files,
     jobspec,
     metrics,
     paths,
@@ -102,8 +104,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     logs = _submit.job_logs(watch.job_ids([args.job_id], "job_id")[0])
     for path in logs:
         if len(logs) > 1:
-            print(f"==> {path} <==")
-        sys.stdout.write(path.read_text(errors="replace"))
+            print(f"==> {path} <==", flush=True)
+        with files.open_regular(path, "job_id") as fh:  # a planted FIFO never hangs this
+            shutil.copyfileobj(fh, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
     return 0
 
 
@@ -127,6 +131,14 @@ def _config(args: argparse.Namespace, out: Path, **overrides: Any) -> trainconfi
     return trainconfig.from_mapping({**values, "out": str(out.resolve()), **overrides})
 
 
+def _results_or_fail(job_id: str, state: str, out: Path, summary: dict[str, Any]) -> None:
+    """A run Slurm calls COMPLETED that trained nothing or left no results is a failure:
+    one line, never a summary of files that are not there."""
+    why = report.missing_results(out, summary) if state == "COMPLETED" else None
+    if why:
+        raise PyhpcError(f"{why}; see pyhpc logs {job_id}", "out")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out or f"pyhpc-runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
     cfg, res = _config(args, out), _resources(args, args.nodes)
@@ -142,6 +154,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.wait:
             result["state"] = _wait(result["job_id"], args)
             result["summary"] = report.run_summary(out)
+            _results_or_fail(result["job_id"], result["state"], out, result["summary"])
     text = (f"job {result['job_id']} {result['state']}: {out}\n"
             f"{report.summary_text(result['summary'])}" if "state" in result else json.dumps(result))
     if result.get("state", "COMPLETED") != "COMPLETED":
@@ -163,6 +176,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if any(j["state"] != "COMPLETED" for j in jobs.values()):
         _emit({"jobs": jobs}, args.json, json.dumps({"jobs": jobs}, indent=2))
         return 1
+    for job_id, job in jobs.items():
+        run = Path(job["out"])
+        _results_or_fail(job_id, job["state"], run, report.run_summary(run))
     _report([out], args.scaling, out / "scaling.png", args.json)
     return 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -195,8 +196,11 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
 
 def _history(out: Path) -> list[dict[str, Any]]:
     """history.json of a run (one record per epoch); [] when it is missing or unreadable."""
+    fh, _ = files.try_open_regular(out / "history.json")  # never blocks on a FIFO
+    if fh is None:
+        return []
     try:
-        with (out / "history.json").open("rb") as fh:
+        with fh:
             data = json.loads(fh.read(HISTORY_LIMIT + 1)[:HISTORY_LIMIT])
     except (OSError, ValueError):
         return []
@@ -206,7 +210,8 @@ def _history(out: Path) -> list[dict[str, Any]]:
 def run_summary(out: Path) -> dict[str, Any]:
     """What a researcher wants after a training run, from its directory: final accuracy
     and loss, throughput, step times, and where the files are."""
-    runs = metrics.read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    present = os.path.lexists(out / "metrics.jsonl")
+    runs = metrics.read_jsonl(out / "metrics.jsonl") if present else []
     history = _history(out)
     last = history[-1] if history else {}
     summary: dict[str, Any] = {
@@ -218,6 +223,27 @@ def run_summary(out: Path) -> dict[str, Any]:
                        step_time_p50_ms=run.step_time_p50 * 1000,
                        step_time_p90_ms=run.step_time_p90 * 1000)
     return summary
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def missing_results(out: Path, summary: dict[str, Any]) -> str | None:
+    """Why a run that Slurm calls COMPLETED has nothing to show, or None when it has: no
+    epoch trained, or no metrics record or checkpoint (a regular file) in its directory."""
+    lacking = [*([] if summary["epochs"] else ["0 epochs trained"]),
+               *(f"no {name}" for name in ("metrics.jsonl", "checkpoint.pt")
+                 if not _regular(out / name))]
+    if "samples_per_s" not in summary and _regular(out / "metrics.jsonl"):
+        lacking.append("no metrics record")
+    if lacking:
+        return (f"out: the job ended COMPLETED but left no results in {out} "
+                f"({', '.join(lacking)})")
+    return None
 
 
 def summary_text(summary: dict[str, Any]) -> str:

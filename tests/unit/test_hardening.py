@@ -120,7 +120,8 @@ def test_3_a_scripts_folder_others_can_write_is_refused(tmp_path: Path, slurm, l
     folder = tmp_path / "pyhpc-jobs" / "scripts"
     folder.mkdir(parents=True)
     folder.chmod(0o777)
-    with pytest.raises(Exception, match=r"^folder: .* is writable by others"):
+    with pytest.raises(Exception, match=r"^folder: refusing .*: .*scripts is writable by every "
+                                        r"user \(mode 0777\); pyhpc writes and reads back only"):
         submit_template("single", {"command": "true"}, lab)
     assert slurm.calls == [] and list(folder.iterdir()) == []
 
