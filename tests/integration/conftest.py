@@ -11,7 +11,7 @@ from pyhpc import paths
 #: module a job imports or the CLI runs to submit it, and every job template.
 JOB_CODE = [f"pyhpc/{m}.py" for m in ("__init__", "_submit", "bench", "bench_job", "cli",
                                       "cli_admin", "cli_jobs", "cluster", "device", "directory",
-                                      "dist", "doctor", "errors", "files", "gpucheck",
+                                      "dist", "doctor", "errors", "files", "gpucheck", "jupyter",
                                       "jobspec", "metrics", "paths", "render", "report",
                                       "slurm", "startup", "sweep", "train", "trainconfig", "validate",
                                       "watch", "workshop", "yamlio")] + [

@@ -232,7 +232,9 @@ def test_12_jupyter_binds_the_node_address_and_keeps_the_token_private(lab) -> N
     text = render.render("jupyter", {}, lab)
     assert "--ip=0.0.0.0" not in text and '--ip="$ADDR"' in text
     assert "umask 077" in text and "JUPYTER_TOKEN" in text
-    assert '>"$STATE/$SLURM_JOB_ID.log" 2>&1' in text  # the server's URL+token stays private
+    # The server starts under pyhpc.jupyter: its log (URL and token) goes to the private
+    # state directory, and the tunnel is printed for the port it verified.
+    assert "-P -m pyhpc.jupyter " in text and 'JUPYTER_RUNTIME_DIR="$STATE/' in text
 
 
 @pytest.mark.parametrize(("source", "message"), [
