@@ -130,12 +130,12 @@ def safe_dir(path: str | os.PathLike[str], arg: str = "out", writable: bool = Tr
             raise FileError(f"{arg}: {path} {what} a directory", arg)
         why = _unsafe(part, info, target=part == real)
         if why:
-            raise FileError(f"{arg}: refusing {path}: {why}; pyhpc writes and reads back "
+            raise FileError(f"{arg}: refusing {given}: {why}; pyhpc writes and reads back "
                             "only in directories that nobody else can write", arg)
         deepest = part
     if writable and not os.access(deepest, os.W_OK | os.X_OK):
         what = "write in" if deepest == real else "create directory"
-        raise FileError(f"{arg}: cannot {what} {path} (permission denied in {deepest})", arg)
+        raise FileError(f"{arg}: cannot {what} {given} (permission denied in {deepest})", arg)
     return real
 
 
