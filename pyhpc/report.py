@@ -178,12 +178,16 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
     ``epochs_to_train`` also ``time-to-train.png`` beside the scaling plot.
     Everything is read and checked before anything is written: a bad ``scaling``, a bad
     metrics file (:class:`~pyhpc.metrics.MetricsError` naming file:line) or a bad ``png``
-    (:class:`~pyhpc.files.FileError`) leaves no file and no directory behind.
+    (:class:`~pyhpc.files.FileError`: also a directory others can write, see
+    :func:`pyhpc.files.safe_dir`) leaves no file and no directory behind.
     """
     if scaling not in metrics.SCALING:
         raise metrics.MetricsError(f"scaling: {scaling!r} is not allowed; allowed: "
                                    f"{', '.join(metrics.SCALING)}", "scaling")
     target = png_path(dirs, png)
+    # The plot's directory passes the one check (a link to one counts as where it points).
+    parent = target.parent
+    files.safe_dir(os.path.realpath(parent) if parent.is_symlink() else parent, "png")
     runs = metrics.efficiency(collect(dirs), scaling)
     if epochs_to_train is not None:
         for run in runs:  # every run must have what the plot needs, before any is written

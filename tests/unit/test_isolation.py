@@ -276,3 +276,24 @@ def test_a_run_without_epochs_or_files_has_no_results(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text("")
     why = report.missing_results(tmp_path, report.run_summary(tmp_path))
     assert why is not None and why.endswith("(no checkpoint.pt, no metrics record)")
+
+
+def test_a_report_beside_a_colleagues_runs_is_refused_and_writes_nothing(tmp_path: Path,
+                                                                         capsys) -> None:
+    from pyhpc import cli
+
+    runs = tmp_path / "shared"
+    files.make_dir(runs / "a")
+    metrics.write_jsonl(runs / "a" / "metrics.jsonl", [metrics.Summary(
+        workers=1, local_batch=32, global_batch=32, steps=5, warmup_steps=1,
+        step_time_p50=0.1, step_time_p90=0.1, step_time_mean=0.1, samples_per_s=320.0,
+        samples_per_s_per_worker=320.0, torch_version="x", backend="gloo", job_id="1",
+        nodes="cpu1", mode="digits", model="LeNet")])
+    runs.chmod(0o777)
+    assert cli.main(["report", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pyhpc: error: png: refusing {runs}: {runs} is writable by every "
+                          "user") and err.count("\n") == 1
+    assert sorted(p.name for p in runs.iterdir()) == ["a"]
+    # Reading a colleague's runs is fine; the plot goes where the researcher says.
+    assert cli.main(["report", str(runs), "--png", str(tmp_path / "mine.png")]) == 0
