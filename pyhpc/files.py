@@ -69,16 +69,31 @@ def _private_group(gid: int, uid: int) -> bool:
     return group.gr_name == user and set(group.gr_mem) <= {user}
 
 
+def unmapped_uid() -> int | None:
+    """The uid every owner outside this user namespace shows as (a rootless container
+    maps only its user: root's directories and other users' alike look like ``nobody``),
+    or None in the host's namespace, where every owner shows as themself."""
+    try:
+        if Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]:
+            return None
+        return int(Path("/proc/sys/kernel/overflowuid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _unsafe(path: Path, info: os.stat_result, target: bool) -> str | None:
     """Why directory ``path`` (the target, or one above it) lets someone else in, or None.
 
     Above the target, root's directories and the user's own are fine, and so is one that
     others can write if it has the sticky bit (``/tmp``: nobody can rename what is yours
     there). The target itself must be the user's, and only theirs to write. A group
-    counts as nobody else when it is the user's private group (Debian's default).
+    counts as nobody else when it is the user's private group (Debian's default). In a
+    rootless container, a directory above the target whose owner the namespace does not
+    show passes as root's would (it cannot tell root from another user there; the
+    target must still be the user's, and outside containers real owners are checked).
     """
     me = os.geteuid()
-    if info.st_uid != me and (target or info.st_uid != 0):
+    if info.st_uid != me and (target or info.st_uid not in (0, unmapped_uid())):
         return f"{path} belongs to {_name(info.st_uid)}, not to you"
     sticky = not target and info.st_mode & stat.S_ISVTX
     if info.st_mode & stat.S_IWOTH and not sticky:

@@ -297,3 +297,16 @@ def test_a_report_beside_a_colleagues_runs_is_refused_and_writes_nothing(tmp_pat
     assert sorted(p.name for p in runs.iterdir()) == ["a"]
     # Reading a colleague's runs is fine; the plot goes where the researcher says.
     assert cli.main(["report", str(runs), "--png", str(tmp_path / "mine.png")]) == 0
+
+
+def test_in_a_rootless_container_unmapped_owners_above_pass_the_target_does_not(
+        tmp_path: Path, monkeypatch) -> None:
+    # There every owner but the user shows as the overflow uid (nobody), root's included.
+    above = tmp_path / "home"
+    (above / "me").mkdir(parents=True)
+    os.chown(above, OTHER, -1)
+    monkeypatch.setattr(files, "unmapped_uid", lambda: OTHER)
+    assert files.safe_dir(above / "me" / "run") == above / "me" / "run"
+    os.chown(above / "me", OTHER, -1)
+    with pytest.raises(files.FileError, match=rf"{above / 'me'} belongs to uid {OTHER}"):
+        files.safe_dir(above / "me")
