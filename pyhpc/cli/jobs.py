@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pyhpc import cluster, paths, validate
+from pyhpc import cluster, files, paths, validate
 from pyhpc.bench import config as bench
 from pyhpc.bench import results as bench_results
 from pyhpc.bench import submit as bench_submit
@@ -95,8 +96,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     logs = _submit.job_logs(watch.job_ids([args.job_id], "job_id")[0])
     for path in logs:
         if len(logs) > 1:
-            print(f"==> {path} <==")
-        sys.stdout.write(path.read_text(errors="replace"))
+            print(f"==> {path} <==", flush=True)
+        with files.open_regular(path, "job_id") as fh:  # a planted FIFO never hangs this
+            shutil.copyfileobj(fh, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
     return 0
 
 
@@ -120,6 +123,14 @@ def _config(args: argparse.Namespace, out: Path, **overrides: Any) -> trainconfi
     return trainconfig.from_mapping({**values, "out": str(out.resolve()), **overrides})
 
 
+def _results_or_fail(job_id: str, state: str, out: Path, summary: dict[str, Any]) -> None:
+    """A run Slurm calls COMPLETED that trained nothing or left no results is a failure:
+    one line, never a summary of files that are not there."""
+    why = report.missing_results(out, summary) if state == "COMPLETED" else None
+    if why:
+        raise PyhpcError(f"{why}; see pyhpc logs {job_id}", "out")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out or f"pyhpc-runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
     cfg, res = _config(args, out), _resources(args, args.nodes)
@@ -140,6 +151,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.wait:
             result["state"] = _wait(result["job_id"], args)
             result["summary"] = report.run_summary(out)
+            _results_or_fail(result["job_id"], result["state"], out, result["summary"])
     text = (f"job {result['job_id']} {result['state']}: {out}\n"
             f"{report.summary_text(result['summary'])}" if "state" in result else json.dumps(result))
     if result.get("state", "COMPLETED") != "COMPLETED":
@@ -161,6 +173,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if any(j["state"] != "COMPLETED" for j in jobs.values()):
         _emit({"jobs": jobs}, args.json, json.dumps({"jobs": jobs}, indent=2))
         return 1
+    for job_id, job in jobs.items():
+        run = Path(job["out"])
+        _results_or_fail(job_id, job["state"], run, report.run_summary(run))
     _report([out], args.scaling, out / "scaling.png", args.json)
     return 0
 
