@@ -156,12 +156,28 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{report.summary_text(result['summary'])}" if "state" in result else json.dumps(result))
     if result.get("state", "COMPLETED") != "COMPLETED":
         text += f"\n  job output     pyhpc logs {result['job_id']}"
-        if not result["summary"]["epochs"]:
+        why = out_of_memory(result["job_id"], cfg)
+        if why:
+            result["why"] = why
+            text += f"\n  {why}"
+        elif not result["summary"]["epochs"]:
             # The usual first-run mistake on a real cluster: a directory only the login host has.
             text += (f"\n  no epoch reached {out}: it must be on storage the compute nodes "
                      "share (e.g. your home)")
     _emit(result, args.json, text)
     return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
+
+
+def out_of_memory(job_id: str, cfg: trainconfig.TrainConfig) -> str | None:
+    """One line when Slurm's cgroup killed a task of the job for memory, with what to do:
+    split the model over more pipeline stages (each holds a part), or ask for more."""
+    states = slurm.step_states(job_id)
+    if "OUT_OF_MEMORY" not in states.values():
+        return None
+    split = (f"split the model with --pipeline {cfg.pipeline * 2} --model deep"
+             if cfg.model == "deep" or cfg.pipeline > 1 else "use a smaller --batch-size")
+    return (f"out of memory: Slurm's cgroup killed a task of job {job_id} for using more memory "
+            f"than it holds (OUT_OF_MEMORY); {split}, or give each task more memory")
 
 
 def cmd_scale(args: argparse.Namespace) -> int:

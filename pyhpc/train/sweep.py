@@ -10,7 +10,7 @@ from pyhpc.cluster import Cluster
 from pyhpc.slurm import jobspec, watch
 from pyhpc.slurm.jobspec import JobSpec, JobSpecError, check
 from pyhpc.slurm.submit import DEFAULT_FOLDER, cluster_or_default, submit
-from pyhpc.train.config import TrainConfig, TrainError, check_out, check_steps
+from pyhpc.train.config import TrainConfig, TrainError, check_out, check_steps, from_mapping
 
 SCALING = ("weak", "strong")
 
@@ -87,6 +87,21 @@ def submit_run(cfg: TrainConfig, res: Resources, cluster: Cluster | None = None)
     from pyhpc.train.loop import Trainer
 
     return submit_task(Trainer(cfg), spec, res.folder, the_cluster)
+
+
+def submit_training(*, nodes: int = 1, tasks_per_node: int | None = None, gpus_per_node: int = 0,
+                    partition: str | None = None, time: str = jobspec.DEFAULT_TIME,
+                    folder: str = str(DEFAULT_FOLDER / "%j"), **options: Any) -> Any:
+    """The Python API of ``pyhpc train``: the same names as its options (``out``, ``model``,
+    ``layers``, ``pipeline``, ``epochs``...), checked as the CLI checks them; returns the
+    submitit job. ``pyhpc.submit_training(out="runs/deep", model="deep", layers=400,
+    pipeline=2, nodes=2)``."""
+    res = Resources(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
+                    partition=partition, time=time, folder=folder)
+    out = options.get("out")
+    if isinstance(out, (str, Path)):
+        options["out"] = str(Path(out).resolve())
+    return submit_run(from_mapping(options), res)
 
 
 def plan(base: TrainConfig, nodes: list[int], batches: list[int], scaling: str,
