@@ -182,9 +182,10 @@ def out_of_memory(job_id: str, cfg: trainconfig.TrainConfig) -> str | None:
 
 def cmd_scale(args: argparse.Namespace) -> int:
     out, the_cluster = Path(args.out), _cluster()
-    points = sweep.plan(_config(args, out), _int_list("nodes", args.nodes),
+    stages = _int_list("pipeline", args.pipeline)
+    points = sweep.plan(_config(args, out, pipeline=stages[0]), _int_list("nodes", args.nodes),
                         _int_list("batch_sizes", args.batch_sizes), args.scaling,
-                        _resources(args), out, the_cluster)
+                        _resources(args), out, the_cluster, stages)
     jobs = sweep.run(points, the_cluster, watch.interval(args.interval))
     if any(j["state"] != "COMPLETED" for j in jobs.values()):
         _emit({"jobs": jobs}, args.json, json.dumps({"jobs": jobs}, indent=2))
@@ -294,11 +295,14 @@ def add_commands(sub: Any) -> None:
     _wait_options(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("scale", help="sweep node counts x batch sizes, then report")
+    p = sub.add_parser("scale", help="sweep node counts x batch sizes (x pipeline stages), "
+                       "then report")
     _resource_options(p, defaults=True, sweep=True)
-    trainconfig.add_arguments(p, skip=("out", "batch_size"))
+    trainconfig.add_arguments(p, skip=("out", "batch_size", "pipeline"))
     p.set_defaults(mode="synthetic", epochs=1)
     p.add_argument("--batch-sizes", default="32", help="comma-separated (per worker if weak)")
+    p.add_argument("--pipeline", default="1", help="comma-separated pipeline stage counts "
+                   "(with --model deep; e.g. 1,2,4)")
     p.add_argument("--scaling", choices=metrics.SCALING, default="weak")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     p.add_argument("--out", required=True, help="sweep directory")

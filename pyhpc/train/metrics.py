@@ -155,9 +155,16 @@ def summarize(ranks: Sequence[RankTimes], warmup: int, env: Environment,
 SCALING = ("weak", "strong")
 
 
+def stages(run: Summary) -> int:
+    """Pipeline stages of a run (1: every worker holds the whole model)."""
+    value = run.extra.get("pipeline", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
 def efficiency(runs: Iterable[Summary], scaling: str = "weak") -> list[Summary]:
     """Scaling efficiency of each run against the run with fewest workers in its series.
 
+    A series is one model with one stage count (pipelined runs scale over their replicas).
     weak: series share the per-worker batch, E(N) = X(N)·N0 / (N·X(N0)), which is
     X(N)/(N·X(1)) when the series starts at one worker. strong: series share the
     global batch (the work per step is fixed), same formula, different baseline.
@@ -170,14 +177,15 @@ def efficiency(runs: Iterable[Summary], scaling: str = "weak") -> list[Summary]:
         (lambda s: s.local_batch) if scaling == "weak" else (lambda s: s.global_batch))
     out: list[Summary] = []
     for run in runs:
-        series = [r for r in runs if key(r) == key(run) and r.mode == run.mode]
+        series = [r for r in runs if key(r) == key(run) and r.mode == run.mode
+                  and r.model == run.model and stages(r) == stages(run)]
         base = min(series, key=lambda s: s.workers)
         # A run alone in its series has nothing to scale against: no figure, not 100%.
         value = (run.samples_per_s * base.workers / (run.workers * base.samples_per_s)
                  if len(series) > 1 else None)
         out.append(Summary(**{**{f.name: getattr(run, f.name) for f in fields(run)},
                               "efficiency": value, "scaling": scaling}))
-    return sorted(out, key=lambda s: (s.mode, key(s), s.workers))
+    return sorted(out, key=lambda s: (s.mode, s.model, stages(s), key(s), s.workers))
 
 
 def write_jsonl(path: Path, summaries: Iterable[Summary]) -> None:

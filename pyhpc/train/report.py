@@ -73,6 +73,8 @@ def _series(summaries: Sequence[metrics.Summary], weak: bool) -> dict[str, list[
     for s in summaries:
         batch = s.local_batch if weak else s.global_batch
         label = f"{s.mode}, {'batch/worker' if weak else 'global batch'} {batch}"
+        if s.model.startswith("DeepResNet"):
+            label = f"{s.model} ({metrics.stages(s)} stages), {label.split(', ', 1)[1]}"
         series.setdefault(label, []).append(s)
     return {k: sorted(v, key=lambda r: r.workers) for k, v in sorted(series.items())}
 
@@ -196,6 +198,10 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
     written = [plot(runs, target)]
     if epochs_to_train is not None:
         written.append(plot_time_to_train(runs, epochs_to_train, target.parent / TIME_TO_TRAIN_PNG))
+    if any(metrics.stages(r) > 1 for r in runs):
+        from pyhpc.train import stageplot
+
+        written.append(stageplot.plot(runs, target.parent / stageplot.PNG_NAME))
     return runs, written
 
 

@@ -105,22 +105,27 @@ def submit_training(*, nodes: int = 1, tasks_per_node: int | None = None, gpus_p
 
 
 def plan(base: TrainConfig, nodes: list[int], batches: list[int], scaling: str,
-         res: Resources, out: Path, cluster: Cluster) -> list[tuple[Resources, TrainConfig]]:
-    """Every point of the sweep, each checked; a bad point raises before any submission."""
+         res: Resources, out: Path, cluster: Cluster, stages: list[int] | None = None,
+         ) -> list[tuple[Resources, TrainConfig]]:
+    """Every point of the sweep (nodes x stage counts x batches), each checked; a bad point
+    raises before any submission. A pipelined point's directory names its stages."""
     if scaling not in SCALING:
         raise JobSpecError(f"scaling: {scaling!r} is not allowed; allowed: {', '.join(SCALING)}")
     points: list[tuple[Resources, TrainConfig]] = []
     for n in nodes:
-        point = replace(res, nodes=n)
-        for b in batches:
-            workers = n * point.tasks
-            if scaling == "strong" and b % workers:
-                raise JobSpecError(f"batch_sizes: global batch {b} does not divide over "
-                                   f"{workers} workers (strong scaling)")
-            local = b if scaling == "weak" else b // workers
-            cfg = replace(base, out=str((out / f"nodes{n}-batch{b}").resolve()), batch_size=local)
-            check_run(cfg, for_pipeline(point, cfg), cluster)
-            points.append((point, cfg))
+        for p in stages or [base.pipeline]:
+            for b in batches:
+                probe = replace(base, pipeline=p)
+                point = for_pipeline(replace(res, nodes=n), probe)
+                workers = n * point.tasks // p
+                if scaling == "strong" and b % workers:
+                    raise JobSpecError(f"batch_sizes: global batch {b} does not divide over "
+                                       f"{workers} workers (strong scaling)")
+                name = f"nodes{n}-batch{b}" + (f"-stages{p}" if p > 1 else "")
+                cfg = replace(probe, out=str((out / name).resolve()),
+                              batch_size=b if scaling == "weak" else b // workers)
+                check_run(cfg, point, cluster)
+                points.append((point, cfg))
     return points
 
 

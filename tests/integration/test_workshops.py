@@ -85,9 +85,10 @@ def text_output(nb: dict) -> str:
                    for o in c.get("outputs", []))
 
 
-def test_the_workshop_has_the_four_notebooks() -> None:
+def test_the_workshop_has_the_five_notebooks() -> None:
     assert [n.name for n in NOTEBOOKS] == ["01-hello-cluster.ipynb", "02-one-node-to-two.ipynb",
-                                           "03-why-gpus-data-movement.ipynb", "04-containers.ipynb"]
+                                           "03-why-gpus-data-movement.ipynb", "04-containers.ipynb",
+                                           "05-too-deep-for-one-gpu.ipynb"]
 
 
 def test_notebook_1_hello_cluster_as_a_new_participant(participant: dict[str, str]) -> None:
@@ -126,3 +127,19 @@ def test_notebook_4_containers_as_a_new_participant(participant: dict[str, str])
     assert metrics.stat().st_uid == home.stat().st_uid != 0
     jobs = accounted(user, since)
     assert jobs and all(j == f"{user}|{participant['reservation']}|COMPLETED" for j in jobs), jobs
+
+
+def test_notebook_5_a_model_too_deep_for_one_gpu_as_a_new_participant(
+        participant: dict[str, str]) -> None:
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    out = text_output(execute_as(participant, NOTEBOOKS[4]))
+    assert "out of memory: Slurm's cgroup killed a task" in out
+    assert "2 stages x 2 replicas, 200 blocks" in out
+    home = Path(as_user(participant["user"], "cd && pwd").stdout.strip())
+    plot = home / "workshop" / "workshop-runs" / "deep" / "pipeline.png"
+    assert plot.is_file() and plot.stat().st_uid == home.stat().st_uid != 0
+    jobs = accounted(participant["user"], since)
+    user, reservation = participant["user"], participant["reservation"]
+    # The one-rank run is the notebook's own failure; the pipelined runs complete.
+    assert sorted(jobs) == sorted([f"{user}|{reservation}|COMPLETED"] * 2
+                                  + [f"{user}|{reservation}|FAILED"]), jobs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -117,3 +118,50 @@ def test_pipeline_options_that_cannot_work_are_refused_in_one_line(tmp_path: Pat
 def test_the_deep_model_trains_on_generated_images(tmp_path: Path) -> None:
     cfg = TrainConfig(out=str(tmp_path), model="deep")
     assert cfg.mode == "synthetic"
+
+
+def _run(stages: int, nodes: int, rate: float, micro: int = 4, schedule: str = "1f1b",
+         bubble: float = 0.3) -> Any:
+    from pyhpc.train import metrics
+
+    extra = {} if stages == 1 else {"pipeline": stages, "microbatches": micro, "schedule": schedule,
+                                    "stage_bubble": [bubble] * stages}
+    return metrics.Summary(
+        workers=nodes, local_batch=32, global_batch=32 * nodes, steps=5, warmup_steps=1,
+        step_time_p50=0.1, step_time_p90=0.1, step_time_mean=0.1, samples_per_s=rate,
+        samples_per_s_per_worker=rate / nodes, torch_version="x", backend="gloo", job_id="1",
+        nodes=",".join(f"cpu{i + 1}" for i in range(nodes)), mode="synthetic",
+        model="DeepResNet-200", extra=extra)
+
+
+def test_efficiency_compares_a_pipelined_run_only_with_its_own_stage_count() -> None:
+    from pyhpc.train import metrics
+
+    runs = metrics.efficiency([_run(1, 1, 100.0), _run(1, 2, 180.0), _run(2, 1, 60.0),
+                               _run(2, 2, 120.0)])
+    by = {(metrics.stages(r), r.workers): r.efficiency for r in runs}
+    assert by[(1, 2)] == pytest.approx(0.9) and by[(2, 2)] == pytest.approx(1.0)
+
+
+def test_report_draws_throughput_by_stages_and_the_bubble_by_micro_batches(tmp_path: Path) -> None:
+    from pyhpc.train import metrics, report, stageplot
+
+    for i, run in enumerate([_run(1, 1, 100.0), _run(2, 1, 60.0, micro=2, bubble=0.4),
+                             _run(2, 2, 110.0, micro=8, bubble=0.15)]):
+        (tmp_path / str(i)).mkdir()
+        metrics.write_jsonl(tmp_path / str(i) / "metrics.jsonl", [run])
+    runs, written = report.write_report([tmp_path], "weak", None)
+    assert [p.name for p in written] == ["scaling.png", stageplot.PNG_NAME]
+    assert written[1].read_bytes().startswith(b"\x89PNG") and written[1].stat().st_size > 10_000
+    assert stageplot.bubble(runs[-1]) in (0.4, 0.15)
+
+
+def test_a_sweep_over_stage_counts_gives_each_its_tasks_and_directory(tmp_path: Path, lab) -> None:
+    from pyhpc.train import sweep
+
+    base = TrainConfig(out=str(tmp_path), model="deep", layers=40, synthetic_samples=640)
+    points = sweep.plan(base, [1, 2], [32], "weak", sweep.Resources(), tmp_path, lab, [1, 2])
+    got = [(res.nodes, sweep.for_pipeline(res, cfg).tasks, cfg.pipeline, Path(cfg.out).name)
+           for res, cfg in points]
+    assert got == [(1, 1, 1, "nodes1-batch32"), (1, 2, 2, "nodes1-batch32-stages2"),
+                   (2, 1, 1, "nodes2-batch32"), (2, 2, 2, "nodes2-batch32-stages2")]

@@ -11,7 +11,7 @@ NOTEBOOKS = sorted((ROOT / "workshops").glob("*.ipynb"))
 
 
 def test_there_are_workshop_notebooks() -> None:
-    assert len(NOTEBOOKS) == 4
+    assert len(NOTEBOOKS) == 5
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
