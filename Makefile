@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test unit lint integration bench bench-deploy bench-hostlab containers clean \
+.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-hostlab containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -34,7 +34,15 @@ $(VENV)/.stamp: requirements/runtime.txt requirements/dev.txt pyproject.toml
 	$(PY) -c "import torch, submitit, ansible, pyhpc"
 	touch $@
 
-test: venv lab-up ## Lint, unit and integration tests (deploys the lab first; idempotent when it is up).
+# What the tests drive besides the lab: a real headless browser for the pages (Debian's
+# chromium and its driver; the browser tests fail without them, they do not skip).
+TEST_DEBS := chromium chromium-driver
+test-debs: ## Install the Debian packages the tests need (chromium, chromium-driver).
+	@missing="$$(for p in $(TEST_DEBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+		| grep -q 'install ok installed' || echo $$p; done)"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
+
+test: venv test-debs lab-up ## Lint, unit and integration tests (deploys the lab first; idempotent when it is up).
 	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests
 
 unit: venv ## Unit tests only (no cluster needed); UPDATE_GOLDEN=1 accepts changed golden files.

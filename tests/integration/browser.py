@@ -1,0 +1,48 @@
+"""A real headless browser for page tests: Debian's chromium, driven through its
+chromium-driver by selenium (no browser download). Pages are loaded as a person would
+load them; screenshots go where the test says (docs/ for the README's pictures).
+"""
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+DRIVER = "/usr/bin/chromedriver"
+
+
+@contextmanager
+def chromium(width: int = 1280, height: int = 900, insecure_tls: bool = False) -> Iterator[Any]:
+    """A headless chromium session (a selenium WebDriver). ``insecure_tls``: accept a
+    certificate from a CA this browser does not know (the deploy's own CA)."""
+    if not (shutil.which(CHROMIUM) and shutil.which(DRIVER)):
+        pytest.fail("chromium and chromium-driver are missing: `make test` installs them "
+                    "(Debian's packages)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--window-size={width},{height}"):
+        options.add_argument(arg)
+    if insecure_tls:
+        options.add_argument("--ignore-certificate-errors")
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def screenshot(driver: Any, path: Path) -> Path:
+    """The page as the browser shows it, as a PNG at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(path))
+    return path
