@@ -65,6 +65,45 @@ KINDS: dict[str, Kind] = {
 }
 
 
+#: Words Slurm gives a meaning of their own in a field, compared case-insensitively
+#: (``xstrcasecmp``), as read in Slurm's parsers (src/common/read_config.c,
+#: src/slurmctld/read_config.c, src/common/node_conf.c, src/interfaces/gres.c,
+#: src/common/slurmdb_defs.c, src/sacctmgr/account_functions.c). Per field: word -> why.
+RESERVED: dict[str, dict[str, str]] = {
+    # NodeName=DEFAULT sets the defaults of later lines (no node); NodeName=ALL is fatal;
+    # Nodes=ALL in a partition or reservation means every node. (A lone node called
+    # localhost answering every lookup, node_conf.c, is a single-host setup Slurm supports.)
+    "node": {"default": "NodeName=DEFAULT sets defaults, it is no node",
+             "all": "Nodes=ALL means every node (NodeName=ALL stops slurmctld)"},
+    # PartitionName=DEFAULT sets the defaults of later partitions.
+    "partition": {"default": "PartitionName=DEFAULT sets defaults, it is no partition"},
+    # The root of every cluster's association tree (sacctmgr refuses to delete it).
+    "account": {"root": "the root of Slurm's association tree"},
+    # Clusters=all (sacct -M all, sacctmgr, sreport) means every cluster of the database.
+    "cluster": {"all": "-M all and Clusters=all mean every cluster"},
+    # Gres=gpu:no_consume:N marks the GRES as not consumed, it is no type.
+    "gres_type": {"no_consume": "Gres=gpu:no_consume:N makes the GPUs unconsumable"},
+}
+
+
+def not_reserved(where: str, value: object, field: str,
+                 error: type[PyhpcError] = PyhpcError) -> None:
+    """Refuse a word Slurm reserves in ``field`` (a key of :data:`RESERVED`), in any case."""
+    words = RESERVED[field]
+    if isinstance(value, str) and value.casefold() in words:
+        raise error(f"{where}: {echo(value)} is a word Slurm reserves in {field} names "
+                    f"({words[value.casefold()]}); reserved, in any case: "
+                    f"{', '.join(sorted(words))}", where)
+
+
+def slurm_name(where: str, value: object, field: str,
+               error: type[PyhpcError] = PyhpcError) -> str:
+    """A Slurm name for ``field`` (node, partition, account, cluster, gres_type): not a
+    word Slurm reserves there, in any case, and of the ``slurm`` kind."""
+    not_reserved(where, value, field, error)
+    return name(where, value, "slurm", error)
+
+
 def name(where: str, value: object, kind: str = "slurm",
          error: type[PyhpcError] = PyhpcError) -> str:
     """``value`` if it is a valid name of ``kind``, else ``error`` naming ``where``."""
