@@ -10,11 +10,12 @@ from pyhpc import paths
 #: The code jobs run, from the deployed copy (pyhpc is installed editable from it): every
 #: module a job imports or the CLI runs to submit it, and every job template.
 JOB_CODE = [f"pyhpc/{m}.py" for m in ("__init__", "_submit", "bench", "bench_job", "cli",
-                                      "cli_admin", "cli_jobs", "cluster", "device", "directory",
-                                      "dist", "doctor", "errors", "files", "gpucheck",
-                                      "jobspec", "metrics", "paths", "render", "report",
-                                      "slurm", "startup", "sweep", "train", "trainconfig", "validate",
-                                      "watch", "workshop", "yamlio")] + [
+                                      "cli_admin", "cli_jobs", "cluster", "cluster_users",
+                                      "device", "directory", "directory_sync", "dist", "doctor",
+                                      "errors", "files", "gpucheck", "jobspec", "metrics",
+                                      "owner", "paths", "render", "report", "schema", "slurm",
+                                      "startup", "sweep", "train", "trainconfig", "validate",
+                                      "watch", "workshop", "workshop_sheet", "yamlio")] + [
     str(p.relative_to(paths.ROOT)) for p in sorted(paths.SLURM_JOBS.glob("*.j2"))]
 
 
