@@ -332,13 +332,13 @@ def check_document(doc: object) -> dict[str, Any]:
 
 
 def read_results(path: Path) -> dict[str, Any]:
-    """A ``bench.json`` read back and checked."""
+    """A ``bench.json`` read back and checked: every number finite, normal and bounded
+    (:func:`pyhpc.validate.read_json`), every part of its shape."""
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise BenchError(f"results: cannot read {path} ({type(exc).__name__})",
-                         "results") from None
-    return check_document(doc)
+        text = path.read_bytes()
+    except OSError as exc:
+        raise BenchError(f"results: cannot read {path} ({exc.strerror})", "results") from None
+    return check_document(validate.read_json(f"results: {path}", text, BenchError))
 
 
 def size_label(nbytes: int) -> str:

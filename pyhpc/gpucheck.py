@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pyhpc import device, slurm
+from pyhpc import device, slurm, validate
 from pyhpc.errors import PyhpcError
 
 #: Prefix of the one report line (the step's other output is not ours).
@@ -150,8 +150,8 @@ def parse(stdout: str) -> dict[str, Any] | None:
     for line in reversed(stdout.splitlines()):
         if line.startswith(MARK + " "):
             try:
-                data = json.loads(line[len(MARK) + 1:])
-            except ValueError:
+                data = validate.read_json("gpucheck", line[len(MARK) + 1:])
+            except PyhpcError:
                 return None
             return data if isinstance(data, dict) else None
     return None

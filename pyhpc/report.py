@@ -5,14 +5,13 @@ plot them and say where the plot went.
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pyhpc import files, metrics
-from pyhpc.errors import echo
+from pyhpc import files, metrics, validate
+from pyhpc.errors import PyhpcError, echo
 
 #: The plot's name when only a directory is given (or nothing).
 PNG_NAME = "scaling.png"
@@ -194,11 +193,12 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
 
 
 def _history(out: Path) -> list[dict[str, Any]]:
-    """history.json of a run (one record per epoch); [] when it is missing or unreadable."""
+    """history.json of a run (one record per epoch); [] when it is missing or unreadable,
+    or holds a number that is not finite and bounded (:func:`pyhpc.validate.read_json`)."""
     try:
         with (out / "history.json").open("rb") as fh:
-            data = json.loads(fh.read(HISTORY_LIMIT + 1)[:HISTORY_LIMIT])
-    except (OSError, ValueError):
+            data = validate.read_json("history", fh.read(HISTORY_LIMIT + 1)[:HISTORY_LIMIT])
+    except (OSError, PyhpcError):
         return []
     return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
 
@@ -223,8 +223,9 @@ def run_summary(out: Path) -> dict[str, Any]:
 def summary_text(summary: dict[str, Any]) -> str:
     """:func:`run_summary` as a few aligned lines."""
     def num(key: str, fmt: str) -> str:
-        value = summary.get(key)
-        return "-" if value is None else fmt.format(value)
+        value = summary.get(key)  # history.json is the run's: a number, or shown as unknown
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return fmt.format(value) if is_number else "-"
 
     rows = [("test accuracy", f"{num('test_accuracy', '{:.3f}')} after {summary['epochs']} epochs"),
             ("loss", num("loss", "{:.4f}")),
