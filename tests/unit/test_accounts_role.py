@@ -83,6 +83,7 @@ PLAYBOOK = """\
 
 def definition(**limits: int) -> dict[str, Any]:
     data = yaml.safe_load(paths.LAB_CLUSTER.read_text())
+    data["accounts"] = data["accounts"][:1]  # lab: root, user1, user2
     if limits:
         data["accounts"][0]["limits"] = limits
     return cluster.parse(data, 24 * 1024).to_dict()

@@ -87,7 +87,7 @@ def lab_directory() -> cluster.Directory:
 def test_sync_adds_users_and_a_group_per_account_then_changes_nothing(fake_ldap) -> None:
     accounts = cluster.load(paths.LAB_CLUSTER).accounts
     plan = directory_sync.sync(lab_directory(), accounts)
-    assert plan.add_users == ("user1", "user2") and plan.add_groups == ("lab",)
+    assert plan.add_users == ("user1", "user2") and plan.add_groups == ("lab", "teaching")
     users = directory.users(lab_directory())
     assert [(u.name, u.number, u.gid) for u in users.values()] == [
         ("user1", 20000, 20000), ("user2", 20001, 20000)]
