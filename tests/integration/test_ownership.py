@@ -92,8 +92,8 @@ def foreign() -> Iterator[dict[str, str]]:
     """An admin's own QOS, group, researcher (directory entry, association, held job) and
     reservation, with the names workshops would take; removed afterwards."""
     d = lab_directory()
-    tag = "the admin's own"
-    sh("sacctmgr", "-i", "add", "qos", f"name={QOS}", "description=the admin's own qos")
+    tag = "the admins own"
+    sh("sacctmgr", "-i", "add", "qos", f"name={QOS}", "description=the admins own qos")
     directory.add(d, directory.group_ldif(d, GROUP, 29990, [], tag)
                   + directory.group_ldif(d, "itres", 29991, [RESEARCHER], tag)
                   + directory.user_ldif(d, RESEARCHER, 29991, 29991, tag)
@@ -126,9 +126,9 @@ def test_the_definitions_accounts_carry_pyhpcs_marker() -> None:
 
 
 @pytest.mark.parametrize(("name", "message"), [
-    (QOS, f"name: Slurm QOS '{QOS}' exists and is not this one's (marked \"the admin's own qos\""),
+    (QOS, f"name: Slurm QOS '{QOS}' exists and is not this one's (marked 'the admins own qos'"),
     ("normal", "name: Slurm QOS 'normal' exists and is not this one's"),
-    (GROUP, f"name: directory group '{GROUP}' exists and is not this one's (marked \"the admin's"),
+    (GROUP, f"name: directory group '{GROUP}' exists and is not this one's (marked 'the admins own'"),
     ("itres", "name: Slurm user 'itres-01' exists and is not this one's (no pyhpc marker"),
     (RESERVATION, f"name: reservation '{RESERVATION}' exists and is not this one's (no pyhpc "
                   "marker"),
@@ -323,7 +323,7 @@ def test_delete_cancels_only_the_workshops_jobs_and_leaves_the_researcher(
             assert sh("squeue", "-h", "-j", kept, "-o", "%T").stdout.strip() == "PENDING"
         assert sh("sacctmgr", "-n", "-P", "show", "assoc", f"user={RESEARCHER}",
                   "format=account,user").stdout == researcher_assocs
-        assert f"{QOS}|the admin's own qos" in slurm_objects()["qos"]
+        assert f"{QOS}|the admins own qos" in slurm_objects()["qos"]
     finally:
         sh("scancel", mine, check=False)
 
