@@ -89,7 +89,7 @@ def add_commands(sub: Any) -> None:
                    f"(default {workshop.JOBS_PER_USER})")
     s.add_argument("--submitted-per-user", help="jobs a participant has queued and running "
                    f"(default {workshop.SUBMITTED_PER_USER})")
-    s.add_argument("--nodes-per-user", help="nodes a participant's jobs hold together "
+    s.add_argument("--nodes-per-user", help="distinct nodes a participant's running jobs hold "
                    "(default: --nodes)")
     s.add_argument("--gpus-per-user", help="GPUs a participant's jobs hold together "
                    "(default: all of the reserved nodes')")

@@ -16,7 +16,7 @@ ACCOUNT_KEYS = {"name": "account name", "users": "list of user names",
 LIMIT_KEYS = {
     "jobs": "jobs each user of the account runs at once (Slurm MaxJobs)",
     "submitted_jobs": "jobs each user may have queued and running (MaxSubmitJobs)",
-    "nodes": "nodes each user's running jobs hold together (GrpTRES node)",
+    "nodes": "distinct nodes each user's running jobs hold together (GrpTRES node)",
     "gpus": "GPUs each user's running jobs hold together (GrpTRES gres/gpu)",
 }
 DIRECTORY_KEYS = {

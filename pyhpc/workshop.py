@@ -191,7 +191,7 @@ def _other_associations(the_cluster: Cluster, p: Plan) -> list[owner.Found]:
     """Participants' names that Slurm already knows in another account (someone else's)."""
     rows = slurm.sacctmgr_rows("associations", [f"users={','.join(p.participants)}"],
                                ["user", "account", "cluster"])
-    return [owner.Found("Slurm user", r[0], f"account {r[1]} on {r[2]}")
+    return [owner.Found("Slurm user", r[0], "")
             for r in rows if len(r) >= 3 and r[0] and r[1] != p.name]
 
 

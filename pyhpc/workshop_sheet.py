@@ -25,7 +25,7 @@ def limits_text(p: Plan) -> str:
     """The participant's limits in words, as the sheet prints them."""
     gpus = f", {p.gpus_per_user} GPUs" if p.gpus_per_node else ""
     return (f"{p.jobs_per_user} jobs running and {p.submitted_per_user} queued at once, "
-            f"{p.nodes_per_user} nodes{gpus} in use together; each job at most {p.nodes} "
+            f"{p.nodes_per_user} distinct nodes{gpus} in use together; each job at most {p.nodes} "
             f"nodes for {p.minutes} minutes")
 
 

@@ -189,25 +189,28 @@ def test_delete_of_the_definitions_account_is_refused(foreign: dict[str, str]) -
 
 
 def test_a_definition_accounts_per_user_limits_hold() -> None:
-    """The lab's account teaching (limits: 2 jobs, 3 queued, 3 nodes, 1 GPU per user):
-    user2 tries to exceed each with -A teaching; the deploy set them on the association."""
+    """The lab's account teaching (limits: 2 jobs, 3 queued, 1 node, 1 GPU per user):
+    user2 tries to exceed each with -A teaching; the deploy set them on the association.
+    Slurm counts a user's nodes as the distinct nodes of their running jobs, so the jobs
+    name their nodes."""
     rows = sh("sacctmgr", "-n", "-P", "show", "assoc", "account=teaching", "user=user2",
               "format=user,maxjobs,maxsubmit,grptres").stdout.split()
-    assert rows == ["user2|2|3|gres/gpu=1,node=3"]
-    acct = "--account=teaching --partition=gpu"  # 2 nodes of 2 CPUs: room for every job
-    gpu = f"{acct} -N 1 --gres=gpu:1"
-    states = scenario("user2", [gpu, gpu])
-    assert states[0].startswith("RUNNING") and states[1] == "PENDING AssocGrpGRES", states
-    states = scenario("user2", [f"{acct} -N 1"] * 3)
-    assert states[1].startswith("RUNNING") and states[2] == "PENDING AssocMaxJobsLimit", states
-    states = scenario("user2", [f"{acct} -N 2", f"{acct} -N 2"])
-    assert states[0].startswith("RUNNING") and states[1] == "PENDING AssocGrpNodeLimit", states
-    held = [submit("user2", f"--hold {acct}") for _ in range(4)]
+    assert rows == ["user2|2|3|gres/gpu=1,node=1"]
+    on = "--account=teaching --partition=gpu --nodelist="  # gpu1, gpu2: 2 CPUs, 2 GPUs each
+    states = scenario("user2", [f"{on}gpu1 --gres=gpu:1"] * 2)
+    assert states == ["RUNNING None", "PENDING AssocGrpGRES"], states
+    states = scenario("user2", [f"{on}gpu1"] * 3)
+    assert states[1] == "RUNNING None" and states[2] == "PENDING AssocMaxJobsLimit", states
+    states = scenario("user2", [f"{on}gpu1", f"{on}gpu2"])
+    assert states == ["RUNNING None", "PENDING AssocGrpNodeLimit"], states
+    held = [submit("user2", "--hold --account=teaching") for _ in range(4)]
     sh("scancel", *(j for c, j in held if c == 0), check=False)
     assert [c == 0 for c, _ in held] == [True, True, True, False], held
     assert "policy" in held[3][1].lower(), held[3]
-    # Their own account lab has no limits: the same three jobs all run there.
-    assert all(s.startswith("RUNNING") for s in scenario("user2", ["--partition=gpu -N 1"] * 3))
+    # Their own account lab has no limits: the same jobs all run there.
+    states = scenario("user2", ["--partition=gpu --nodelist=gpu1 --gres=gpu:1"] * 2
+                      + ["--partition=gpu --nodelist=gpu2"])
+    assert all(s == "RUNNING None" for s in states), states
 
 
 # -- two participants and a researcher ------------------------------------------------------
@@ -231,8 +234,14 @@ def test_participants_and_researchers_see_only_their_own_accounting(
     jobs = [submit(u, f"--hold --reservation={CPU_WS}")[1] for u in (first, second)]
     mine = held_job("user1")
     try:
-        everyone = sh("sacct", "-a", "-X", "-n", "-P", "-S", since, "-o", "jobid,user").stdout
-        assert f"{jobs[1]}|{second}" in everyone and f"{mine}|user1" in everyone  # root sees all
+        deadline = time.monotonic() + 60  # accounting lags slurmctld
+        while True:
+            everyone = sh("sacct", "-a", "-X", "-n", "-P", "-S", since, "-o", "jobid,user").stdout
+            wanted = [f"{jobs[0]}|{first}", f"{jobs[1]}|{second}", f"{mine}|user1"]
+            if all(w in everyone for w in wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert all(w in everyone for w in wanted), everyone  # root sees every user's
         seen = as_user(first, f"sacct -a -X -n -P -S {since} -o jobid,user,account,workdir,"
                               "submitline").stdout.splitlines()
         assert seen and {line.split("|")[1] for line in seen} == {first}, seen
@@ -287,23 +296,22 @@ def test_per_user_nodes_and_gpus_hold_across_jobs(tmp_path: Path) -> None:
     workshop("delete", GPU_WS, "--homes", check=False)
     workshop("create", GPU_WS, "--participants", "1", "--start", "now", "--hours", "1",
              "--partition", "gpu", "--nodes", "2", "--jobs-per-user", "4",
-             "--nodes-per-user", "2", "--gpus-per-user", "1", "--out", str(tmp_path / "s"))
+             "--nodes-per-user", "1", "--gpus-per-user", "1", "--out", str(tmp_path / "s"))
     user, res = f"{GPU_WS}-01", f"--reservation={GPU_WS} --partition=gpu"
     jobs: list[str] = []
     try:
-        code, why = submit(user, f"--hold {res} --gres=gpu:2")  # alone past 1 GPU a user
-        assert code != 0 and "policy" in why.lower(), why
-        code, why = submit(user, f"--hold {res} -N 3")  # past the reservation's 2 nodes
-        assert code != 0, why
-        for options in ("--gres=gpu:1", "--gres=gpu:1", "", ""):
+        for alone in ("--gres=gpu:2", "-N 2"):  # one job alone past 1 GPU, 1 node a user
+            code, why = submit(user, f"--hold {res} {alone}")
+            assert code != 0 and "policy" in why.lower(), (alone, why)
+        # A user's nodes are the distinct nodes of their running jobs: the jobs name theirs.
+        for options in ("-w gpu1 --gres=gpu:1", "-w gpu1 --gres=gpu:1", "-w gpu1", "-w gpu2"):
             code, job = submit(user, f"{res} -N 1 {options}")
             assert code == 0, job
             jobs.append(job)
             reason(job, 15)
         states = [reason(j) for j in jobs]
-        assert states[0].startswith("RUNNING") and states[2].startswith("RUNNING"), states
-        assert states[1] == "PENDING QOSMaxGRESPerUser", states  # 2 GPUs > 1
-        assert states[3] == "PENDING QOSMaxNodePerUserLimit", states  # 3 nodes > 2
+        assert states == ["RUNNING None", "PENDING QOSMaxGRESPerUser",  # 2 GPUs > 1
+                          "RUNNING None", "PENDING QOSMaxNodePerUserLimit"], states  # 2 nodes > 1
     finally:
         if jobs:
             sh("scancel", *jobs, check=False)

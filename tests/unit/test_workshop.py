@@ -240,8 +240,7 @@ FOREIGN = {
         "uid=user1,ou=people,dc=lab,dc=pyhpc"]["uid"].__setitem__(0, "dl-01"),
         "name: directory user 'dl-01' exists and is not this one's (marked 'pyhpc: cluster.yml'"),
     "slurm user": (lambda s, ldap: s.assocs.add(("lab", "dl-02")),
-                   "name: Slurm user 'dl-02' exists and is not this one's (marked 'account lab "
-                   "on lab'"),
+                   "name: Slurm user 'dl-02' exists and is not this one's (no pyhpc marker"),
 }
 
 
