@@ -73,18 +73,22 @@ def home_owners(which: str) -> set[int]:
     return found
 
 
-def allocate(d: Directory, which: str, count: int, used: Iterable[int]) -> list[int]:
+def allocate(d: Directory, which: str, count: int, used: Iterable[int],
+             given: Iterable[int] = ()) -> list[int]:
     """``count`` uids or gids (``which``) never given before: from the directory's counter
     up, skipping numbers in use (``used``, local accounts); the counter moves past them
-    first. Before the first, the counter starts above every number of the range in use or
-    owning a home."""
+    first. Before the first, the counter starts above every number pyhpc gave that is still
+    known: ``given`` (entries carrying a pyhpc marker) and the owners of homes that no
+    other entry uses (a former user's, kept). An admin's own entries high in the range are
+    skipped, not started above."""
     if count == 0:
         return []
     in_range = range(d.uid_min, d.uid_max + 1)
-    taken = set(used) | local_numbers(which)
+    used = set(used)
+    taken = used | local_numbers(which)
     current = read_counter(d, which)
     start = current if current is not None else max(
-        [d.uid_min, *(n + 1 for n in taken | home_owners(which) if n in in_range)])
+        [d.uid_min, *(n + 1 for n in set(given) | (home_owners(which) - used) if n in in_range)])
     numbers: list[int] = []
     candidate = start
     while len(numbers) < count:
@@ -99,9 +103,16 @@ def allocate(d: Directory, which: str, count: int, used: Iterable[int]) -> list[
     return numbers
 
 
-def _gids(have_users: dict[str, Entry], have_groups: dict[str, Entry]) -> list[int]:
-    """Gids in use: the groups' and the users' primary ones."""
-    return [e.number for e in have_groups.values()] + [e.gid for e in have_users.values()]
+def _gids(have_users: dict[str, Entry], have_groups: dict[str, Entry],
+          marked: bool = False) -> list[int]:
+    """Gids in use: the groups' and the users' primary ones (``marked``: only of entries
+    carrying a pyhpc marker, the numbers pyhpc gave)."""
+    return ([e.number for e in have_groups.values() if not marked or owner.is_pyhpcs(e.tag)]
+            + [e.gid for e in have_users.values() if not marked or owner.is_pyhpcs(e.tag)])
+
+
+def _uids(have_users: dict[str, Entry], marked: bool = False) -> list[int]:
+    return [e.number for e in have_users.values() if not marked or owner.is_pyhpcs(e.tag)]
 
 
 def _found(kind: str, entries: dict[str, Entry], names: Iterable[str]) -> list[owner.Found]:
@@ -141,10 +152,11 @@ def sync(d: Directory, accounts: tuple[Account, ...]) -> SyncPlan:
     changed_base = ensure_base(d)
     new_groups = [a for a in members if a not in have_groups]
     new_users = [u for u in wanted if u not in have_users]
-    gids = dict(zip(new_groups, allocate(d, "gid", len(new_groups), _gids(have_users, have_groups)),
+    gids = dict(zip(new_groups, allocate(d, "gid", len(new_groups), _gids(have_users, have_groups),
+                                         _gids(have_users, have_groups, marked=True)),
                     strict=True))
     gids.update({g: e.number for g, e in have_groups.items()})
-    uids = allocate(d, "uid", len(new_users), [e.number for e in have_users.values()])
+    uids = allocate(d, "uid", len(new_users), _uids(have_users), _uids(have_users, marked=True))
     primary = {u: gids[next(a.name for a in accounts if u in a.users)] for u in new_users}
     add(d, "".join(group_ldif(d, g, gids[g], members[g], mark) for g in new_groups)
         + "".join(user_ldif(d, u, n, primary[u], mark)
@@ -179,9 +191,10 @@ def add_members(d: Directory, group: str, names: Sequence[str], tag: str,
     if group in have_groups:
         gid = have_groups[group].number
     else:
-        gid = allocate(d, "gid", 1, _gids(have_users, have_groups))[0]
+        gid = allocate(d, "gid", 1, _gids(have_users, have_groups),
+                       _gids(have_users, have_groups, marked=True))[0]
         ldif += group_ldif(d, group, gid, names, tag)
-    uids = allocate(d, "uid", len(new), [e.number for e in have_users.values()])
+    uids = allocate(d, "uid", len(new), _uids(have_users), _uids(have_users, marked=True))
     ldif += "".join(user_ldif(d, n, u, gid, tag, ssha(passwords[n]))
                     for n, u in zip(new, uids, strict=True))
     add(d, ldif)

@@ -31,6 +31,11 @@ def workshop(name: str) -> str:
     return f"pyhpc: workshop {name}"
 
 
+def is_pyhpcs(marker: str) -> bool:
+    """Whether ``marker`` is one pyhpc sets (the definition's, or any workshop's)."""
+    return marker == DEFINITION or marker.startswith(workshop(""))
+
+
 @dataclass(frozen=True)
 class Found:
     """An object that exists: what it is, its name, and the marker it carries ('' none)."""

@@ -129,6 +129,10 @@ def test_numbers_skip_local_accounts_and_start_above_kept_homes(fake_ldap, tmp_p
     monkeypatch.setattr(directory_sync, "LOCAL_IDS", {"uid": passwd, "gid": group})
     monkeypatch.setattr(directory_sync, "HOMES", homes)
     d = lab_directory()
+    # An admin's own entry high in the range, with its home: skipped, never started above.
+    directory.add(d, directory.user_ldif(d, "admins", 29000, 29000, "the admin's"))
+    (homes / "admins").mkdir()
+    os.chown(homes / "admins", 29000, 29000)
     directory_sync.add_members(d, "ws", ["ws-01", "ws-02"], owner.workshop("ws"),
                                {"ws-01": "a", "ws-02": "b"})
     users = directory.users(d)
