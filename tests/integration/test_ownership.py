@@ -94,10 +94,10 @@ def foreign() -> Iterator[dict[str, str]]:
     d = lab_directory()
     tag = "the admins own"
     sh("sacctmgr", "-i", "add", "qos", f"name={QOS}", "description=the admins own qos")
-    directory.add(d, directory.group_ldif(d, GROUP, 29990, [], tag)
-                  + directory.group_ldif(d, "itres", 29991, [RESEARCHER], tag)
-                  + directory.user_ldif(d, RESEARCHER, 29991, 29991, tag)
-                  + directory.user_ldif(d, DIRECTORY_USER, 29992, 29990, tag))
+    directory.add(d, directory.group_ldif(d, GROUP, 40090, [], tag)
+                  + directory.group_ldif(d, "itres", 40091, [RESEARCHER], tag)
+                  + directory.user_ldif(d, RESEARCHER, 40091, 40091, tag)
+                  + directory.user_ldif(d, DIRECTORY_USER, 40092, 40090, tag))
     sh("sacctmgr", "-i", "add", "user", f"name={RESEARCHER}", "account=lab",
        f"cluster={LAB.name}")
     sh("scontrol", "create", "reservation", f"ReservationName={RESERVATION}", "StartTime=now",
