@@ -232,8 +232,9 @@ def test_participants_and_researchers_see_only_their_own_accounting(
         cpu_ws: list[str], foreign: dict[str, str]) -> None:
     first, second = cpu_ws
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 120))
-    jobs = [submit(u, f"--hold --reservation={CPU_WS}")[1] for u in (first, second)]
-    mine = held_job("user1")
+    # Jobs that run (a held job has no eligible time: sacct's time window never shows it).
+    jobs = [submit(u, f"--reservation={CPU_WS} --chdir=/tmp", "true")[1] for u in (first, second)]
+    mine = submit("user1", "--chdir=/tmp", "true")[1]
     try:
         deadline = time.monotonic() + 60  # accounting lags slurmctld
         while True:
