@@ -249,7 +249,10 @@ def test_participants_and_researchers_see_only_their_own_accounting(
         assert seen and {line.split("|")[1] for line in seen} == {first}, seen
         assocs = as_user(first, "sacctmgr -n -P show assoc format=account,user").stdout.split()
         assert assocs and {a.split("|")[1] for a in assocs} <= {first, ""}, assocs
-        assert {a.split("|")[0] for a in assocs} == {CPU_WS}, assocs
+        # Their own association and the accounts above it (root is the tree's root), no other.
+        assert {a.split("|")[0] for a in assocs} == {CPU_WS, "root"}, assocs
+        assert "lab|user1" in sh("sacctmgr", "-n", "-P", "show", "assoc",
+                                 "format=account,user").stdout  # as root: everyone's
         assert "user1" in sh("sreport", "-n", "-P", "user", "topusage", "start=2026-01-01",
                              "end=now").stdout  # root sees others' usage
         for command in ("sreport -n -P user topusage start=2026-01-01 end=now",
