@@ -255,10 +255,14 @@ def test_participants_and_researchers_see_only_their_own_accounting(
                                  "format=account,user").stdout  # as root: everyone's
         assert "user1" in sh("sreport", "-n", "-P", "user", "topusage", "start=2026-01-01",
                              "end=now").stdout  # root sees others' usage
-        for command in ("sreport -n -P user topusage start=2026-01-01 end=now",
-                        "sreport -n -P cluster AccountUtilizationByUser start=2026-01-01 end=now"):
-            report = as_user(first, command).stdout
-            assert "user1" not in report and "root" not in report and second not in report, report
+        # sreport: their own usage, and the cluster's total (the root account's row), no
+        # other user's, no other account's.
+        top = as_user(first, "sreport -n -P user topusage start=2026-01-01 end=now").stdout
+        assert {r.split("|")[1] for r in top.splitlines()} <= {first}, top
+        by_user = as_user(first, "sreport -n -P cluster AccountUtilizationByUser "
+                                 "start=2026-01-01 end=now").stdout.splitlines()
+        assert {r.split("|")[2] for r in by_user} <= {first, ""}, by_user
+        assert {r.split("|")[1] for r in by_user} <= {"root", CPU_WS}, by_user
         researcher = as_user("user1", f"sacct -a -X -n -P -S {since} -o jobid,user").stdout
         assert first not in researcher and second not in researcher
     finally:
