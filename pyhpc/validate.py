@@ -9,9 +9,12 @@ all check their values here.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from pyhpc.errors import PyhpcError, echo
 
@@ -65,6 +68,45 @@ KINDS: dict[str, Kind] = {
 }
 
 
+#: Words Slurm gives a meaning of their own in a field, compared case-insensitively
+#: (``xstrcasecmp``), as read in Slurm's parsers (src/common/read_config.c,
+#: src/slurmctld/read_config.c, src/common/node_conf.c, src/interfaces/gres.c,
+#: src/common/slurmdb_defs.c, src/sacctmgr/account_functions.c). Per field: word -> why.
+RESERVED: dict[str, dict[str, str]] = {
+    # NodeName=DEFAULT sets the defaults of later lines (no node); NodeName=ALL is fatal;
+    # Nodes=ALL in a partition or reservation means every node. (A lone node called
+    # localhost answering every lookup, node_conf.c, is a single-host setup Slurm supports.)
+    "node": {"default": "NodeName=DEFAULT sets defaults, it is no node",
+             "all": "Nodes=ALL means every node (NodeName=ALL stops slurmctld)"},
+    # PartitionName=DEFAULT sets the defaults of later partitions.
+    "partition": {"default": "PartitionName=DEFAULT sets defaults, it is no partition"},
+    # The root of every cluster's association tree (sacctmgr refuses to delete it).
+    "account": {"root": "the root of Slurm's association tree"},
+    # Clusters=all (sacct -M all, sacctmgr, sreport) means every cluster of the database.
+    "cluster": {"all": "-M all and Clusters=all mean every cluster"},
+    # Gres=gpu:no_consume:N marks the GRES as not consumed, it is no type.
+    "gres_type": {"no_consume": "Gres=gpu:no_consume:N makes the GPUs unconsumable"},
+}
+
+
+def not_reserved(where: str, value: object, field: str,
+                 error: type[PyhpcError] = PyhpcError) -> None:
+    """Refuse a word Slurm reserves in ``field`` (a key of :data:`RESERVED`), in any case."""
+    words = RESERVED[field]
+    if isinstance(value, str) and value.casefold() in words:
+        raise error(f"{where}: {echo(value)} is a word Slurm reserves in {field} names "
+                    f"({words[value.casefold()]}); reserved, in any case: "
+                    f"{', '.join(sorted(words))}", where)
+
+
+def slurm_name(where: str, value: object, field: str,
+               error: type[PyhpcError] = PyhpcError) -> str:
+    """A Slurm name for ``field`` (node, partition, account, cluster, gres_type): not a
+    word Slurm reserves there, in any case, and of the ``slurm`` kind."""
+    not_reserved(where, value, field, error)
+    return name(where, value, "slurm", error)
+
+
 def name(where: str, value: object, kind: str = "slurm",
          error: type[PyhpcError] = PyhpcError) -> str:
     """``value`` if it is a valid name of ``kind``, else ``error`` naming ``where``."""
@@ -108,6 +150,63 @@ def number(where: str, value: object, low: float, high: float,
         raise error(f"{where}: must be a number from {low:g} to {high:g}, got {echo(value)}",
                     where)
     return result
+
+
+#: Largest magnitude of a number read back from a file pyhpc wrote (JSON): far beyond any
+#: byte count, rate or timestamp it records, far below where float arithmetic overflows.
+FILE_NUMBER_MAX = 1e15
+
+
+class _Refused(ValueError):
+    """A number :func:`read_json` does not take."""
+
+
+def _file_int(text: str) -> int:
+    if len(text.lstrip("-")) > 16 or abs(int(text)) > FILE_NUMBER_MAX:
+        raise _Refused(f"the integer {echo(text)} is beyond +-{FILE_NUMBER_MAX:.0e}")
+    return int(text)
+
+
+def _file_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or abs(value) > FILE_NUMBER_MAX:
+        raise _Refused(f"the number {echo(text)} is beyond +-{FILE_NUMBER_MAX:.0e}")
+    if value != 0 and abs(value) < sys.float_info.min:
+        raise _Refused(f"the number {echo(text)} is denormal (below {sys.float_info.min:.1e})")
+    return value
+
+
+def _file_constant(text: str) -> float:
+    raise _Refused(f"{text} is not a number pyhpc reads")
+
+
+def read_json(where: str, text: str | bytes, error: type[PyhpcError] = PyhpcError) -> Any:
+    """A JSON document read back from a file: every number finite, not denormal, at most
+    :data:`FILE_NUMBER_MAX` in magnitude (no NaN, no Infinity, no thousand-digit
+    integers); anything else is ``error`` naming ``where`` (the file, or file:line)."""
+    try:
+        return json.loads(text, parse_int=_file_int, parse_float=_file_float,
+                          parse_constant=_file_constant)
+    except _Refused as exc:
+        raise error(f"{where}: {exc}", where) from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", where) from None
+    except RecursionError:
+        raise error(f"{where}: not valid JSON (nested too deeply)", where) from None
+    except ValueError:  # bytes that are not UTF-8 (or -16, -32) text
+        raise error(f"{where}: not valid JSON (not UTF-8 text)", where) from None
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None, for files :func:`read_json`
+    reads back (a diverged loss is unknown, null, not NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 TIME_RE = re.compile(r"(?:(?P<d>[0-9]{1,4})-(?P<dh>[0-9]{1,2})(?::(?P<dm>[0-9]{2}))?"

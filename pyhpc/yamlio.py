@@ -7,6 +7,7 @@ names the file (and the line, where YAML knows it).
 """
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
@@ -18,6 +19,8 @@ from pyhpc.errors import PyhpcError
 
 #: Larger files are refused before they are read: a definition is a few KiB.
 MAX_BYTES = 1 << 20
+#: Longest number (in characters) a file may hold.
+MAX_NUMBER_CHARS = 24
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -42,6 +45,31 @@ class _StrictLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        """An integer of at most :data:`MAX_NUMBER_CHARS` characters: thousands of digits
+        would cost seconds to convert, and no setting needs more than a few."""
+        text = self.construct_scalar(node)
+        if len(str(text)) > MAX_NUMBER_CHARS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a number of {len(str(text))} characters; at most "
+                f"{MAX_NUMBER_CHARS}", node.start_mark)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: Any) -> Any:
+        """A finite number (no .inf or .nan) of at most :data:`MAX_NUMBER_CHARS` characters."""
+        text = str(self.construct_scalar(node))
+        value = super().construct_yaml_float(node) if len(text) <= MAX_NUMBER_CHARS else None
+        if value is None or not math.isfinite(value):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text[:MAX_NUMBER_CHARS]!r} is not a finite number of at most "
+                f"{MAX_NUMBER_CHARS} characters", node.start_mark)
+        return value
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
 
 
 def _where(path: Path, exc: yaml.YAMLError) -> str:

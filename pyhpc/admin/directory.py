@@ -1,16 +1,18 @@
-"""The user directory (LDAP): the definition's users and workshop participants as entries.
+"""The user directory (LDAP): its entries, read and written with OpenLDAP's tools.
 
 Every change goes through OpenLDAP's command-line tools (ldapsearch, ldapadd, ldapmodify,
 ldapdelete from ldap-utils), run by :func:`ldap`; tests replace :data:`RUNNER`. Users are
 ``posixAccount`` entries under ``ou=people``, one ``posixGroup`` per Slurm account under
-``ou=groups``; each entry's ``description`` says who manages it (``pyhpc: cluster.yml`` or
-``pyhpc: workshop NAME``), so a sync never touches entries it did not make.
+``ou=groups``; each entry's ``description`` is its :mod:`pyhpc.owner` marker
+(``pyhpc: cluster.yml`` or ``pyhpc: workshop NAME``). :mod:`pyhpc.directory_sync` decides
+what to add and remove; this module reads and writes entries.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -18,19 +20,24 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyhpc.cluster import Account, Directory
+from pyhpc.cluster import Directory
 from pyhpc.errors import PyhpcError
 
 Runner = Callable[[Sequence[str], "str | None", float], "subprocess.CompletedProcess[str]"]
 #: The local slapd's socket: root on the directory host manages it without a password.
 LDAPI = Path("/run/slapd/ldapi")
-DEFINITION = "pyhpc: cluster.yml"
 HOME = "/home"
 SHELL = "/bin/bash"
 #: The name service cache beside nslcd (the directory role installs it).
 NSCD = "nscd"
-#: ldap tools' exit status for "no such object".
+#: ldap tools' exit status for "no such object", "no such attribute" (a value to delete
+#: is not there) and "already exists".
 NO_SUCH_OBJECT = 32
+NO_SUCH_ATTRIBUTE = 16
+ALREADY_EXISTS = 68
+#: The entries (directly under the base) that hold the next uid and gid pyhpc gives.
+COUNTER = {"uid": "pyhpc-next-uid", "gid": "pyhpc-next-gid"}
+ID_RE = re.compile(r"[0-9]{1,10}")
 
 
 class DirectoryError(PyhpcError):
@@ -44,10 +51,6 @@ def run_command(argv: Sequence[str], stdin: str | None, timeout_s: float,
 
 
 RUNNER: Runner = run_command
-
-
-def workshop_tag(name: str) -> str:
-    return f"pyhpc: workshop {name}"
 
 
 def _connection(d: Directory) -> list[str]:
@@ -111,41 +114,70 @@ class Entry:
     members: tuple[str, ...] = ()
 
 
-def _search(d: Directory, ou: str, object_class: str, attrs: Sequence[str],
+def _search(d: Directory, object_class: str, attrs: Sequence[str],
             ) -> list[dict[str, list[str]]]:
-    proc = ldap("ldapsearch", d, ["-LLL", "-b", f"ou={ou},{d.base_dn}",
-                                  f"(objectClass={object_class})", *attrs],
-                ok=(0, NO_SUCH_OBJECT))
+    """Entries of ``object_class`` anywhere under the base, as nslcd finds them."""
+    proc = ldap("ldapsearch", d, ["-LLL", "-b", d.base_dn, f"(objectClass={object_class})",
+                                  *attrs], ok=(0, NO_SUCH_OBJECT))
     return parse_ldif(proc.stdout)
 
 
+def number(values: Sequence[str]) -> int:
+    """A uid or gid number read from the directory; -1 where it is not one (missing, not
+    digits, or beyond 2^32): hostile text is never parsed as a huge integer."""
+    text = values[0] if values else ""
+    return int(text) if ID_RE.fullmatch(text) and int(text) < 2**32 else -1
+
+
 def users(d: Directory) -> dict[str, Entry]:
-    """Every posixAccount under ou=people, by uid."""
-    found = _search(d, "people", "posixAccount", ["uid", "uidNumber", "gidNumber", "description"])
-    return {e["uid"][0]: Entry(e["uid"][0], int(e["uidNumber"][0]), e.get("description", [""])[0],
-                               int(e["gidNumber"][0])) for e in found if "uid" in e}
+    """Every posixAccount in the directory, by uid."""
+    found = _search(d, "posixAccount", ["uid", "uidNumber", "gidNumber", "description"])
+    return {e["uid"][0]: Entry(e["uid"][0], number(e.get("uidNumber", [])),
+                               e.get("description", [""])[0], number(e.get("gidNumber", [])))
+            for e in found if e.get("uid")}
 
 
 def groups(d: Directory) -> dict[str, Entry]:
-    """Every posixGroup under ou=groups, by cn."""
-    found = _search(d, "groups", "posixGroup", ["cn", "gidNumber", "memberUid", "description"])
-    return {e["cn"][0]: Entry(e["cn"][0], int(e["gidNumber"][0]), e.get("description", [""])[0],
+    """Every posixGroup in the directory, by cn."""
+    found = _search(d, "posixGroup", ["cn", "gidNumber", "memberUid", "description"])
+    return {e["cn"][0]: Entry(e["cn"][0], number(e.get("gidNumber", [])),
+                              e.get("description", [""])[0],
                               members=tuple(sorted(e.get("memberUid", []))))
-            for e in found if "cn" in e}
+            for e in found if e.get("cn")}
 
 
-def free_numbers(used: Iterable[int], low: int, high: int, count: int) -> list[int]:
-    """The first ``count`` numbers of ``[low, high]`` not in ``used``."""
-    taken, found = set(used), list[int]()
-    for number in range(low, high + 1):
-        if len(found) == count:
-            break
-        if number not in taken:
-            found.append(number)
-    if len(found) < count:
-        raise DirectoryError(f"directory.uid_max: no {count} free numbers left in "
-                             f"{low}-{high}", "directory.uid_max")
-    return found
+def counter_dn(d: Directory, which: str) -> str:
+    return f"cn={COUNTER[which]},{d.base_dn}"
+
+
+def read_counter(d: Directory, which: str) -> int | None:
+    """The next uid (``which`` uid) or gid pyhpc gives (:data:`COUNTER`); None before the
+    first."""
+    proc = ldap("ldapsearch", d, ["-LLL", "-b", counter_dn(d, which), "-s", "base",
+                                  "(objectClass=device)", "serialNumber"], ok=(0, NO_SUCH_OBJECT))
+    found = [number(e.get("serialNumber", [])) for e in parse_ldif(proc.stdout)]
+    if found and found[0] < 0:
+        raise DirectoryError(f"directory: {counter_dn(d, which)} holds no number; it is "
+                             f"pyhpc's record of the next {which}: set its serialNumber",
+                             "directory")
+    return found[0] if found else None
+
+
+def write_counter(d: Directory, which: str, old: int | None, new: int) -> None:
+    """Move the counter from ``old`` to ``new`` in one LDAP operation that fails if another
+    pyhpc moved it meanwhile (delete of the old value + add of the new, or add of the entry)."""
+    if old is None:
+        ldif = (f"dn: {counter_dn(d, which)}\nobjectClass: device\ncn: {COUNTER[which]}\n"
+                f"serialNumber: {new}\ndescription: pyhpc: the next {which} it gives; "
+                "numbers are never given twice\n\n")
+        proc = ldap("ldapadd", d, [], ldif, ok=(0, ALREADY_EXISTS))
+    else:
+        ldif = (f"dn: {counter_dn(d, which)}\nchangetype: modify\ndelete: serialNumber\n"
+                f"serialNumber: {old}\n-\nadd: serialNumber\nserialNumber: {new}\n-\n\n")
+        proc = ldap("ldapmodify", d, [], ldif, ok=(0, NO_SUCH_ATTRIBUTE))
+    if proc.returncode != 0:
+        raise DirectoryError("directory: another pyhpc gave out numbers at the same time; "
+                             "run the command again", "directory")
 
 
 def ssha(password: str) -> str:
@@ -222,79 +254,3 @@ def user_dn(d: Directory, name: str) -> str:
 
 def group_dn(d: Directory, name: str) -> str:
     return f"cn={name},ou=groups,{d.base_dn}"
-
-
-@dataclass(frozen=True)
-class SyncPlan:
-    """What :func:`sync` changes: users and groups to add, update or remove."""
-
-    add_users: tuple[str, ...] = ()
-    remove_users: tuple[str, ...] = ()
-    add_groups: tuple[str, ...] = ()
-    update_groups: tuple[str, ...] = ()
-    remove_groups: tuple[str, ...] = ()
-    added_base: bool = False
-
-    @property
-    def changed(self) -> bool:
-        return any((self.add_users, self.remove_users, self.add_groups, self.update_groups,
-                    self.remove_groups, self.added_base))
-
-
-def sync(d: Directory, accounts: tuple[Account, ...]) -> SyncPlan:
-    """Make the directory hold the definition's users and one group per account.
-
-    Entries tagged ``pyhpc: cluster.yml`` that the definition no longer names are removed;
-    entries with another tag (workshops, an admin's own) are never touched.
-    """
-    changed_base = ensure_base(d)
-    have_users, have_groups = users(d), groups(d)
-    wanted = d.users(accounts)
-    members = {a.name: sorted(set(a.users) - set(d.local_users)) for a in accounts}
-    new_groups = [a for a in members if a not in have_groups]
-    gids = dict(zip(new_groups, free_numbers([g.number for g in have_groups.values()],
-                                             d.uid_min, d.uid_max, len(new_groups)), strict=True))
-    gids.update({g: e.number for g, e in have_groups.items()})
-    add_groups_ldif = "".join(group_ldif(d, g, gids[g], members[g], DEFINITION)
-                              for g in new_groups)
-    update = [g for g in members if g in have_groups and have_groups[g].tag == DEFINITION
-              and list(have_groups[g].members) != members[g]]
-    new_users = [u for u in wanted if u not in have_users]
-    uids = free_numbers([u.number for u in have_users.values()], d.uid_min, d.uid_max,
-                        len(new_users))
-    primary = {u: gids[next(a.name for a in accounts if u in a.users)] for u in new_users}
-    add(d, add_groups_ldif + "".join(user_ldif(d, u, n, primary[u], DEFINITION)
-                                     for u, n in zip(new_users, uids, strict=True)))
-    for g in update:
-        ldap("ldapmodify", d, [], members_ldif(d, g, members[g]))
-    gone_users = sorted(u for u, e in have_users.items() if e.tag == DEFINITION and u not in wanted)
-    gone_groups = sorted(g for g, e in have_groups.items()
-                         if e.tag == DEFINITION and g not in members)
-    delete(d, [user_dn(d, u) for u in gone_users] + [group_dn(d, g) for g in gone_groups])
-    return SyncPlan(tuple(new_users), tuple(gone_users), tuple(new_groups), tuple(update),
-                    tuple(gone_groups), changed_base)
-
-
-def add_members(d: Directory, group: str, names: Sequence[str], tag: str,
-                passwords: dict[str, str]) -> list[str]:
-    """Add a group and users ``names`` (missing ones only) with these passwords; the added."""
-    ensure_base(d)
-    have_users, have_groups = users(d), groups(d)
-    ldif = ""
-    if group in have_groups:
-        gid = have_groups[group].number
-    else:
-        gid = free_numbers([g.number for g in have_groups.values()], d.uid_min, d.uid_max, 1)[0]
-        ldif += group_ldif(d, group, gid, names, tag)
-    new = [n for n in names if n not in have_users]
-    uids = free_numbers([u.number for u in have_users.values()], d.uid_min, d.uid_max, len(new))
-    ldif += "".join(user_ldif(d, n, u, gid, tag, ssha(passwords[n]))
-                    for n, u in zip(new, uids, strict=True))
-    add(d, ldif)
-    return new
-
-
-def tagged(d: Directory, tag: str) -> tuple[list[str], list[str]]:
-    """Users and groups carrying ``tag``."""
-    return (sorted(u for u, e in users(d).items() if e.tag == tag),
-            sorted(g for g, e in groups(d).items() if e.tag == tag))

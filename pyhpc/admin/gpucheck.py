@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pyhpc import validate
 from pyhpc.dist import device
 from pyhpc.errors import PyhpcError
 from pyhpc.slurm import slurm
@@ -151,8 +152,8 @@ def parse(stdout: str) -> dict[str, Any] | None:
     for line in reversed(stdout.splitlines()):
         if line.startswith(MARK + " "):
             try:
-                data = json.loads(line[len(MARK) + 1:])
-            except ValueError:
+                data = validate.read_json("gpucheck", line[len(MARK) + 1:])
+            except PyhpcError:
                 return None
             return data if isinstance(data, dict) else None
     return None

@@ -1,37 +1,40 @@
-"""Workshops: participant accounts, a Slurm account whose QOS holds per-job limits, a
-reservation for the workshop's window, and the instructor's sheet.
+"""Workshops: participant accounts, a Slurm account whose QOS holds per-job and per-user
+limits, a reservation for the workshop's window, and the instructor's sheet.
 
 Run by an admin (root) on the login host. Every step first looks at what exists, so a
-second ``create`` or ``delete`` changes nothing; ``delete`` touches only the workshop's
-own entries (directory entries tagged ``pyhpc: workshop NAME``, the account NAME).
+second ``create`` or ``delete`` changes nothing. Everything a workshop creates carries its
+marker (:mod:`pyhpc.owner`): ``create`` refuses, before any change, a name that an object
+without it already has; ``delete`` touches only what carries it, and cancels only the jobs
+of the workshop's own account.
 """
 from __future__ import annotations
 
-import csv
-import io
-import os
+import pwd
 import secrets
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pyhpc import files, validate
-from pyhpc.admin import directory
+from pyhpc import validate
+from pyhpc.admin import directory, directory_sync, owner
+from pyhpc.admin.workshop_sheet import write_sheet
 from pyhpc.cluster import Cluster, Directory
-from pyhpc.errors import PyhpcError
+from pyhpc.errors import PyhpcError, echo
 from pyhpc.slurm import slurm
 
-#: The Slurm account's organization: how ``list`` and ``delete`` know a workshop's account.
-ORGANIZATION = "pyhpc-workshop"
 MAX_PARTICIPANTS = 99
 #: Hours a workshop may last (a reservation is a promise of nodes).
 MAX_HOURS = 14 * 24
+#: How far ahead a workshop may start.
+MAX_AHEAD = timedelta(days=366)
 #: Seconds ``delete`` waits for cancelled jobs to leave the queue.
 DRAIN_S = 60.0
+#: Per-user limits unless the instructor says otherwise: jobs running, jobs queued.
+JOBS_PER_USER = 2
+SUBMITTED_PER_USER = 10
 
 
 class WorkshopError(PyhpcError):
@@ -49,16 +52,36 @@ class Plan:
     nodes: int
     partition: str
     gpus_per_node: int
+    cluster: str = "cluster"
+    jobs_per_user: int = JOBS_PER_USER
+    submitted_per_user: int = SUBMITTED_PER_USER
+    nodes_per_user: int = 1
+    gpus_per_user: int = 0
+    #: True: participants may also run outside the reservation, in its partition only.
+    outside: bool = False
+
+    @property
+    def marker(self) -> str:
+        return owner.workshop(self.name)
 
     def qos_limits(self) -> list[str]:
-        tres = f"node={self.nodes}" + (f",gres/gpu={self.nodes * self.gpus_per_node}"
-                                       if self.gpus_per_node else "")
-        return [f"MaxTRESPerJob={tres}", f"MaxWall={self.minutes}", "Flags=DenyOnLimit"]
+        """Per job: the nodes and their GPUs, the window; per participant: jobs running
+        and queued, nodes and GPUs together; every job in the reservation unless
+        ``outside``. DenyOnLimit refuses a job beyond a limit at submission."""
+        flags = "DenyOnLimit" + ("" if self.outside else ",RequiresReservation")
+        return [f"Description={self.marker}",
+                f"MaxTRESPerJob=node={self.nodes},gres/gpu={self.nodes * self.gpus_per_node}",
+                f"MaxWall={self.minutes}", f"MaxJobsPerUser={self.jobs_per_user}",
+                f"MaxSubmitJobsPerUser={self.submitted_per_user}",
+                f"MaxTRESPerUser=node={self.nodes_per_user},gres/gpu={self.gpus_per_user}",
+                f"Flags={flags}"]
 
     def reservation(self) -> dict[str, str]:
+        """Its nodes for its window, for its participants in its own account (the marker)."""
         return {"ReservationName": self.name, "StartTime": self.start,
                 "Duration": str(self.minutes), "NodeCnt": str(self.nodes),
-                "PartitionName": self.partition, "Users": ",".join(self.participants)}
+                "PartitionName": self.partition, "Users": ",".join(self.participants),
+                "Accounts": self.name}
 
 
 def participant_names(name: str, count: int) -> tuple[str, ...]:
@@ -66,18 +89,27 @@ def participant_names(name: str, count: int) -> tuple[str, ...]:
 
 
 def start_time(text: str, now: datetime | None = None) -> str:
-    """``now`` or an ISO time (converted to this host's local time) as Slurm's StartTime."""
+    """``now`` or an ISO time (converted to this host's local time) as Slurm's StartTime,
+    from now to :data:`MAX_AHEAD` ahead."""
     if text == "now":
         return "now"
+    now = now or datetime.now()
     try:
         when = datetime.fromisoformat(text)
     except (TypeError, ValueError):
-        raise WorkshopError(f"start: {text!r} is not an ISO time; use now or "
+        raise WorkshopError(f"start: {echo(text)} is not an ISO time; use now or "
                             "YYYY-MM-DDTHH:MM[:SS][+HH:MM]", "start") from None
-    if when.tzinfo is not None:
-        when = when.astimezone().replace(tzinfo=None)
-    if when < (now or datetime.now()) - timedelta(minutes=1):
+    try:
+        if when.tzinfo is not None:
+            when = when.astimezone().replace(tzinfo=None)
+    except (ValueError, OverflowError):  # beyond year 9999 in this host's time zone
+        raise WorkshopError(f"start: {echo(text)} is out of range; use now or a time within "
+                            "a year", "start") from None
+    if when < now - timedelta(minutes=1):
         raise WorkshopError(f"start: {text} is in the past; use now or a later time", "start")
+    if when > now + MAX_AHEAD:
+        raise WorkshopError(f"start: {text} is more than {MAX_AHEAD.days} days ahead; use now "
+                            "or a time within a year", "start")
     return when.strftime("%Y-%m-%dT%H:%M:%S")
 
 
@@ -89,59 +121,139 @@ def directory_of(the_cluster: Cluster) -> Directory:
     return the_cluster.directory
 
 
+def workshop_name(name: object) -> str:
+    """A workshop's name: its Slurm account, QOS and reservation, its directory group."""
+    checked = validate.slurm_name("name", name, "account", error=WorkshopError)
+    if len(checked) > 28:  # NAME-NN must stay a valid user and account name
+        raise WorkshopError(f"name: {checked!r} is longer than 28 characters", "name")
+    return checked
+
+
 def plan(name: str, participants: object, start: str, hours: object, nodes: object,
-         the_cluster: Cluster, partition: str | None = None,
-         now: datetime | None = None) -> Plan:
-    """Check a ``workshop create`` request; raises before anything is changed."""
-    validate.name("name", name, "slurm", error=WorkshopError)
-    if len(name) > 28:  # NAME-NN must stay a valid user and account name
-        raise WorkshopError(f"name: {name!r} is longer than 28 characters", "name")
+         the_cluster: Cluster, partition: str | None = None, now: datetime | None = None,
+         limits: dict[str, object] | None = None, outside: bool = False) -> Plan:
+    """Check a ``workshop create`` request; raises before anything is changed. ``limits``:
+    per participant, ``jobs_per_user``, ``submitted_per_user``, ``nodes_per_user``,
+    ``gpus_per_user`` (None or absent: the default)."""
+    workshop_name(name)
     count = validate.integer("participants", participants, 1, MAX_PARTICIPANTS,
                              error=WorkshopError)
     length = validate.number("hours", hours, 0.25, MAX_HOURS, error=WorkshopError)
     part = the_cluster.partition(partition or the_cluster.default_partition.name)
     size = validate.integer("nodes", nodes, 1, len(part.nodes), error=WorkshopError)
+    gpus = the_cluster.partition_gpus(part.name)
+    given = {k: v for k, v in (limits or {}).items() if v is not None}
+    jobs = validate.integer("jobs_per_user", given.get("jobs_per_user", JOBS_PER_USER), 1, 1000,
+                            error=WorkshopError)
+    per_user = {
+        "jobs_per_user": jobs,
+        "submitted_per_user": validate.integer(
+            "submitted_per_user", given.get("submitted_per_user", max(jobs, SUBMITTED_PER_USER)),
+            jobs, 10_000, error=WorkshopError),
+        "nodes_per_user": validate.integer("nodes_per_user", given.get("nodes_per_user", size),
+                                           1, size, error=WorkshopError),
+        "gpus_per_user": validate.integer("gpus_per_user",
+                                          given.get("gpus_per_user", size * gpus), 0,
+                                          size * gpus, error=WorkshopError)}
+    unknown = sorted(set(given) - set(per_user))
+    if unknown:
+        raise WorkshopError(f"{unknown[0]}: unknown limit; allowed: {', '.join(per_user)}",
+                            unknown[0])
     directory_of(the_cluster)
     return Plan(name, participant_names(name, count), start_time(start, now),
-                round(length * 60), size, part.name, the_cluster.partition_gpus(part.name))
+                round(length * 60), size, part.name, gpus, the_cluster.name,
+                outside=outside, **per_user)
 
 
-def _workshop_accounts() -> dict[str, str]:
-    """Workshop account name -> description."""
-    rows = slurm.sacctmgr_rows("account", [], ["account", "organization", "description"])
-    return {r[0]: r[2] for r in rows if len(r) >= 3 and r[1] == ORGANIZATION}
+# -- what exists, and whose it is ----------------------------------------------------------
+
+def _qos(name: str) -> list[owner.Found]:
+    rows = slurm.sacctmgr_rows("qos", [f"name={name}"], ["name", "description"])
+    return [owner.Found("Slurm QOS", r[0], r[1] if len(r) > 1 else "")
+            for r in rows if r and r[0] == name]
 
 
-def _associated(the_cluster: Cluster, account: str) -> list[str]:
-    rows = slurm.sacctmgr_rows("associations", [f"cluster={the_cluster.name}",
-                                                f"account={account}"], ["user"])
-    return sorted({r[0] for r in rows if r and r[0]})
+def _account(name: str) -> list[owner.Found]:
+    rows = slurm.sacctmgr_rows("account", [f"name={name}"],
+                               ["account", "organization", "description"])
+    return [owner.Found("Slurm account", r[0], owner.account_marker(r[0], r[1], r[2]))
+            for r in rows if len(r) >= 3 and r[0] == name]
 
+
+def _reservation(name: str, account_ours: bool) -> list[owner.Found]:
+    """A reservation is the workshop's when it admits exactly the workshop's own account."""
+    fields = slurm.reservation(name)
+    if not fields:
+        return []
+    mine = account_ours and fields.get("Accounts") == name
+    return [owner.Found("reservation", name, owner.workshop(name) if mine else "")]
+
+
+def _other_associations(the_cluster: Cluster, p: Plan) -> list[owner.Found]:
+    """Participants' names that Slurm already knows in another account (someone else's)."""
+    rows = slurm.sacctmgr_rows("associations", [f"users={','.join(p.participants)}"],
+                               ["user", "account", "cluster"])
+    return [owner.Found("Slurm user", r[0], "")
+            for r in rows if len(r) >= 3 and r[0] and r[1] != p.name]
+
+
+def _refuse_foreign(p: Plan, the_cluster: Cluster) -> list[owner.Found]:
+    """Everything of the workshop's name that exists; refused (one line, nothing changed)
+    if any of it, or any participant's name, belongs to something pyhpc did not create."""
+    account = _account(p.name)
+    owner.claim("name", p.marker, account)
+    found = account + _qos(p.name) + _reservation(p.name, bool(account))
+    owner.claim("name", p.marker, found + _other_associations(the_cluster, p))
+    d = directory_of(the_cluster)
+    directory_sync.claim_members(d, p.name, p.participants, p.marker, "name")
+    known = directory.users(d)
+    for user in p.participants:
+        if user not in known:
+            _new_participant_is_clean(user)
+    return found
+
+
+def _new_participant_is_clean(user: str) -> None:
+    """A new participant's name must not be a local account, nor have a home left behind
+    (an earlier user's files would become theirs, or keep them out of their home)."""
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        pass
+    else:
+        raise WorkshopError(f"name: participant {user} would be the local user {user} of "
+                            "this host; choose another name; nothing was changed", "name")
+    home = Path(directory.HOME) / user
+    if home.exists() or home.is_symlink():
+        raise WorkshopError(f"name: participant {user}'s home {home} exists (an earlier "
+                            "user's files); remove it or choose another name; nothing was "
+                            "changed", "name")
+
+
+# -- create, delete, list ------------------------------------------------------------------
 
 def create(p: Plan, the_cluster: Cluster, out: Path) -> dict[str, Any]:
     """Create what is missing of the workshop; the sheet is written when accounts are new."""
     d = directory_of(the_cluster)
-    accounts = slurm.sacctmgr_rows("account", [f"name={p.name}"], ["account", "organization"])
-    if accounts and accounts[0][1:] != [ORGANIZATION]:
-        raise WorkshopError(f"name: account {p.name!r} exists and is not a pyhpc workshop", "name")
+    found = {f.kind for f in _refuse_foreign(p, the_cluster)}
     passwords = {n: secrets.token_urlsafe(9) for n in p.participants}
-    added = directory.add_members(d, p.name, p.participants, directory.workshop_tag(p.name),
-                                  passwords)
+    added = directory_sync.add_members(d, p.name, p.participants, p.marker, passwords)
     done: dict[str, Any] = {"name": p.name, "users_added": added}
-    if not slurm.sacctmgr_rows("qos", [f"name={p.name}"], ["name"]):
-        slurm.sacctmgr("add", "qos", p.name, *p.qos_limits())
+    if "Slurm QOS" not in found:
+        slurm.sacctmgr("add", "qos", f"name={p.name}", *p.qos_limits())
         done["qos_added"] = True
-    if not accounts:
-        slurm.sacctmgr("add", "account", p.name, f"cluster={the_cluster.name}",
-                       f"Organization={ORGANIZATION}", f"Description=workshop {p.name}",
+    if "Slurm account" not in found:
+        slurm.sacctmgr("add", "account", f"name={p.name}", f"cluster={the_cluster.name}",
+                       f"Organization={owner.ORGANIZATION}", f"Description={p.marker}",
                        f"QOS={p.name}", f"DefaultQOS={p.name}")
         done["account_added"] = True
     missing = [n for n in p.participants if n not in _associated(the_cluster, p.name)]
     if missing:
-        slurm.sacctmgr("add", "user", ",".join(missing), f"account={p.name}",
-                       f"cluster={the_cluster.name}")
+        where = [] if not p.outside else [f"partition={p.partition}"]
+        slurm.sacctmgr("add", "user", f"name={','.join(missing)}", f"account={p.name}",
+                       f"cluster={the_cluster.name}", *where)
     done["associations_added"] = missing
-    if not slurm.reservation(p.name):
+    if "reservation" not in found:
         slurm.create_reservation(p.reservation())
         done["reservation_added"] = True
     if added:
@@ -151,80 +263,57 @@ def create(p: Plan, the_cluster: Cluster, out: Path) -> dict[str, Any]:
     return done
 
 
-def sheet_rows(p: Plan, passwords: dict[str, str], host: str) -> list[dict[str, str]]:
-    return [{"user": n, "password": passwords.get(n, "(unchanged)"), "login": f"ssh {n}@{host}",
-             "reservation": p.name, "start": p.start, "minutes": str(p.minutes)}
-            for n in p.participants]
-
-
-def write_sheet(p: Plan, passwords: dict[str, str], out: Path) -> list[Path]:
-    """The instructor's sheet, 0600 whatever --group-readable says: CSV and a printable page."""
-    rows = sheet_rows(p, passwords, socket.getfqdn())
-    table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    cut = "-" * 64
-    page = "".join(
-        f"{cut}\nWorkshop {p.name}: your account on cluster {p.name}\n\n"
-        f"  login:     {r['login']}   (or su - {r['user']})\n  password:  {r['password']}\n"
-        f"  jobs:      srun --reservation={p.name} ... / sbatch --reservation={p.name} ...\n"
-        f"             or, for every job of your session (pyhpc, the notebooks):\n"
-        f"             export SBATCH_RESERVATION={p.name} SLURM_RESERVATION={p.name}\n"
-        f"  starts:    {p.start}, for {p.minutes} minutes\n"
-        for r in rows) + cut + "\n"
-    directory_path = files.make_dir(out, "out")
-    os.chmod(directory_path, 0o700)
-    written = []
-    for fname, text in ((f"{p.name}.csv", table.getvalue()), (f"{p.name}.txt", page)):
-        path = files.write_text(directory_path / fname, text, "out")
-        os.chmod(path, 0o600)
-        written.append(path)
-    return written
+def _associated(the_cluster: Cluster, account: str) -> list[str]:
+    rows = slurm.sacctmgr_rows("associations", [f"cluster={the_cluster.name}",
+                                                f"account={account}"], ["user"])
+    return sorted({r[0] for r in rows if r and r[0]})
 
 
 def delete(name: str, the_cluster: Cluster, homes: bool = False) -> dict[str, Any]:
-    """Cancel the participants' jobs; remove reservation, associations, account, QOS,
-    directory entries and (``homes``) their homes. Nothing else is touched."""
-    validate.name("name", name, "slurm", error=WorkshopError)
+    """Cancel the jobs of the workshop's account; remove its reservation, associations,
+    account, QOS, directory entries and (``homes``) their homes: each only if it carries
+    the workshop's marker. Anything else of that name is left alone and reported."""
+    workshop_name(name)
     d = directory_of(the_cluster)
-    accounts = slurm.sacctmgr_rows("account", [f"name={name}"], ["account", "organization"])
-    if accounts and accounts[0][1:] != [ORGANIZATION]:
-        raise WorkshopError(f"name: account {name!r} is not a pyhpc workshop; nothing deleted",
-                            "name")
-    tag = directory.workshop_tag(name)
-    entries = {u: e for u, e in directory.users(d).items() if e.tag == tag}
-    associated = _associated(the_cluster, name) if accounts else []
-    participants = sorted(set(entries) | set(associated))
-    done: dict[str, Any] = {"name": name, "jobs_cancelled": slurm.jobs_of(participants)}
+    marker = owner.workshop(name)
+    account = _account(name)
+    owner.claim("name", marker, account)
+    found = account + _qos(name) + _reservation(name, bool(account))
+    mine = {f.kind for f in owner.ours(marker, found)}
+    entries = {u: e for u, e in directory.users(d).items() if e.tag == marker}
+    associated = _associated(the_cluster, name) if account else []
+    done: dict[str, Any] = {"name": name, "jobs_cancelled": slurm.jobs_in_account(name)
+                            if account else [],
+                            "left_alone": [f"{f.kind} {f.name}" for f in found
+                                           if f.kind not in mine]}
     if done["jobs_cancelled"]:
         slurm.cancel(done["jobs_cancelled"])
-        _wait_gone(participants)
-    if slurm.reservation(name):
+        _wait_gone(name)
+    if "reservation" in mine:
         slurm.delete_reservation(name)
         done["reservation_deleted"] = True
     if associated:
         slurm.sacctmgr("delete", "user", f"name={','.join(associated)}", f"account={name}",
                        f"cluster={the_cluster.name}")
-    if accounts:
+    if account:
         slurm.sacctmgr("delete", "account", f"name={name}")
         done["account_deleted"] = True
-    if slurm.sacctmgr_rows("qos", [f"name={name}"], ["name"]):
+    if "Slurm QOS" in mine:
         slurm.sacctmgr("delete", "qos", f"name={name}")
         done["qos_deleted"] = True
-    groups = [g for g, e in directory.groups(d).items() if e.tag == tag]
+    groups = [g for g, e in directory.groups(d).items() if e.tag == marker]
     directory.delete(d, [directory.user_dn(d, u) for u in sorted(entries)]
                      + [directory.group_dn(d, g) for g in groups])
     done["users_deleted"] = sorted(entries)
     done["homes_deleted"] = _delete_homes(entries) if homes else []
-    done["changed"] = bool(participants or groups or any(
+    done["changed"] = bool(associated or entries or groups or any(
         done.get(k) for k in ("reservation_deleted", "account_deleted", "qos_deleted")))
     return done
 
 
-def _wait_gone(users: list[str]) -> None:
+def _wait_gone(account: str) -> None:
     deadline = time.monotonic() + DRAIN_S
-    while slurm.jobs_of(users) and time.monotonic() < deadline:
+    while slurm.jobs_in_account(account) and time.monotonic() < deadline:
         time.sleep(1)
 
 
@@ -240,11 +329,15 @@ def _delete_homes(entries: dict[str, directory.Entry]) -> list[str]:
 
 
 def listing(the_cluster: Cluster) -> list[dict[str, Any]]:
-    """Every workshop: its reservation window and nodes, its participants."""
+    """Every workshop (an account carrying a workshop's marker): its reservation window
+    and nodes, its participants."""
+    rows = slurm.sacctmgr_rows("account", [], ["account", "organization", "description"])
+    names = sorted(r[0] for r in rows if len(r) >= 3
+                   and owner.account_marker(r[0], r[1], r[2]) == owner.workshop(r[0]))
     result = []
-    for name, description in sorted(_workshop_accounts().items()):
+    for name in names:
         res = slurm.reservation(name)
-        result.append({"name": name, "description": description,
+        result.append({"name": name, "description": owner.workshop(name),
                        "participants": len(_associated(the_cluster, name)),
                        "start": res.get("StartTime", ""), "end": res.get("EndTime", ""),
                        "nodes": res.get("Nodes", "")})

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyhpc import files
+from pyhpc import files, validate
 from pyhpc.bench.config import GIB, KIB, MIB, BenchError
 from pyhpc.errors import echo
 
@@ -156,20 +156,19 @@ RESULTS_LIMIT = 64 << 20
 
 
 def read_results(path: Path) -> dict[str, Any]:
-    """A ``bench.json`` read back and checked."""
+    """A ``bench.json`` read back and checked: every number finite, normal and bounded
+    (:func:`pyhpc.validate.read_json`), every part of its shape."""
     fh, why = files.try_open_regular(path)  # a planted FIFO never hangs the reader
     if fh is None:
         raise BenchError(f"results: cannot read {path} ({why})", "results")
     try:
         with fh:
             data = fh.read(RESULTS_LIMIT + 1)
-        if len(data) > RESULTS_LIMIT:
-            raise ValueError("too large")
-        doc = json.loads(data)
-    except (OSError, ValueError) as exc:
-        raise BenchError(f"results: cannot read {path} ({type(exc).__name__})",
-                         "results") from None
-    return check_document(doc)
+    except OSError as exc:
+        raise BenchError(f"results: cannot read {path} ({exc.strerror})", "results") from None
+    if len(data) > RESULTS_LIMIT:
+        raise BenchError(f"results: {path} is larger than {RESULTS_LIMIT} bytes", "results")
+    return check_document(validate.read_json(f"results: {path}", data, BenchError))
 
 
 def size_label(nbytes: int) -> str:

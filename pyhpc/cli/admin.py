@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import cluster, paths
-from pyhpc.admin import directory, workshop
+from pyhpc.admin import directory_sync, workshop
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -25,7 +25,7 @@ def _cluster() -> cluster.Cluster:
 def cmd_directory_sync(args: argparse.Namespace) -> int:
     the_cluster = _cluster()
     d = workshop.directory_of(the_cluster)
-    plan = directory.sync(d, the_cluster.accounts)
+    plan = directory_sync.sync(d, the_cluster.accounts)
     data = {**asdict(plan), "changed": plan.changed}
     _emit(data, args.json, "\n".join(f"{k}: {' '.join(v) if isinstance(v, tuple) else v}"
                                      for k, v in data.items()))
@@ -34,8 +34,11 @@ def cmd_directory_sync(args: argparse.Namespace) -> int:
 
 def cmd_workshop_create(args: argparse.Namespace) -> int:
     the_cluster = _cluster()
+    limits = {k: getattr(args, k) for k in ("jobs_per_user", "submitted_per_user",
+                                             "nodes_per_user", "gpus_per_user")}
     plan = workshop.plan(args.name, args.participants, args.start, args.hours, args.nodes,
-                         the_cluster, args.partition)
+                         the_cluster, args.partition, limits=limits,
+                         outside=args.outside_reservation)
     done = workshop.create(plan, the_cluster, Path(args.out or f"pyhpc-workshops/{args.name}"))
     text = (f"workshop {plan.name}: {len(plan.participants)} participants, reservation on "
             f"{plan.nodes} {plan.partition} nodes from {plan.start} for {plan.minutes} min"
@@ -47,8 +50,10 @@ def cmd_workshop_create(args: argparse.Namespace) -> int:
 
 def cmd_workshop_delete(args: argparse.Namespace) -> int:
     done = workshop.delete(args.name, _cluster(), args.homes)
+    left = done["left_alone"]
     _emit(done, args.json, f"workshop {args.name}: "
-          + ("deleted" if done["changed"] else "nothing to delete"))
+          + ("deleted" if done["changed"] else "nothing to delete")
+          + (f"; left alone, not this workshop's: {', '.join(left)}" if left else ""))
     return 0
 
 
@@ -70,8 +75,10 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("workshop", help="admin: workshop accounts, limits and reservation")
     wsub = p.add_subparsers(dest="workshop_command", required=True, metavar="SUBCOMMAND")
-    s = wsub.add_parser("create", help="participants NAME-01.., a Slurm account with a QOS, "
-                        "a reservation, and the instructor's sheet (0600)")
+    s = wsub.add_parser("create", help="participants NAME-01.., a Slurm account with a QOS "
+                        "(per-job and per-user limits), a reservation, and the instructor's "
+                        "sheet (0600); refuses names that objects pyhpc did not create have; "
+                        "an existing workshop keeps its limits")
     s.add_argument("name", help="workshop name (the Slurm account, QOS and reservation)")
     s.add_argument("--participants", required=True, help=f"1 to {workshop.MAX_PARTICIPANTS}")
     s.add_argument("--start", required=True, help="now, or an ISO time (2026-03-02T09:00)")
@@ -79,10 +86,21 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--nodes", default="1", help="nodes reserved, also each job's limit")
     s.add_argument("--partition", help="partition of the nodes (default: the default one)")
     s.add_argument("--out", help="directory of the sheet (default pyhpc-workshops/NAME)")
+    s.add_argument("--jobs-per-user", help="jobs a participant runs at once "
+                   f"(default {workshop.JOBS_PER_USER})")
+    s.add_argument("--submitted-per-user", help="jobs a participant has queued and running "
+                   f"(default {workshop.SUBMITTED_PER_USER})")
+    s.add_argument("--nodes-per-user", help="distinct nodes a participant's running jobs hold "
+                   "(default: --nodes)")
+    s.add_argument("--gpus-per-user", help="GPUs a participant's jobs hold together "
+                   "(default: all of the reserved nodes')")
+    s.add_argument("--outside-reservation", action="store_true",
+                   help="participants may also run outside the reservation, in its partition "
+                   "only (default: only in the reservation)")
     s.add_argument("--json", action="store_true", help="print what changed as JSON")
     s.set_defaults(func=cmd_workshop_create)
-    s = wsub.add_parser("delete", help="cancel the participants' jobs and remove everything "
-                        "the workshop created")
+    s = wsub.add_parser("delete", help="cancel the jobs of the workshop's account and remove "
+                        "everything the workshop created (only what carries its marker)")
     s.add_argument("name")
     s.add_argument("--homes", action="store_true", help="also remove the participants' homes")
     s.add_argument("--json", action="store_true", help="print what changed as JSON")

@@ -397,9 +397,8 @@ def delete_reservation(name: str) -> None:
     run(["scontrol", "delete", f"ReservationName={name}"])
 
 
-def jobs_of(users: Sequence[str]) -> list[str]:
-    """Queued and running job ids of any of ``users`` (validated names)."""
-    if not users:
-        return []
-    proc = run(["squeue", "-h", "-o", "%i", f"--user={','.join(users)}"])
+def jobs_in_account(account: str) -> list[str]:
+    """Queued and running job ids of the account ``account`` (a validated name), whoever
+    submitted them: a workshop's delete cancels these and no others."""
+    proc = run(["squeue", "-h", "-o", "%i", f"--account={account}"])
     return sorted(set(proc.stdout.split()), key=_idkey)

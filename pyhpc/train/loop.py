@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from pyhpc import dist, files
+from pyhpc import dist, files, validate
 from pyhpc.dist import device
 from pyhpc.errors import PyhpcError
 from pyhpc.train import config as trainconfig
@@ -376,7 +376,8 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
         if info.rank == 0:
             _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                               "epoch": epoch, "history": history, "attempts": attempts})
-            files.write_text(out / "history.json", json.dumps(history, indent=1))
+            files.write_text(out / "history.json", json.dumps(validate.json_safe(history),
+                                                                 indent=1))
             print(f"pyhpc.train: epoch {epoch} loss {record['loss']:.4f} "
                   f"test accuracy {record['test_accuracy']:.3f}", flush=True)
         td.barrier()

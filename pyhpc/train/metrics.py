@@ -18,7 +18,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
-from pyhpc import files
+from pyhpc import files, validate
 from pyhpc.errors import PyhpcError, echo
 
 
@@ -107,7 +107,7 @@ class Summary:
         """Flat record for JSON lines and CSV."""
         data = asdict(self)
         data.update({f"extra_{k}": v for k, v in data.pop("extra").items()})
-        return data
+        return dict(validate.json_safe(data))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -208,8 +208,13 @@ def _kinds() -> dict[str, tuple[tuple[type, ...], bool]]:
 MAX_FILE_BYTES = 64 << 20
 #: What each field of a record read back may hold.
 _KINDS = _kinds()
-#: Fields that are divided by: a record must have them above zero.
-_POSITIVE = ("workers", "local_batch", "global_batch", "samples_per_s")
+#: Fields that are divided by or plotted: a record must have them above zero. (Every number
+#: of a record is finite, normal and at most validate.FILE_NUMBER_MAX: validate.read_json.)
+#: Smallest value of those: a rate or time below it is no measurement, and dividing by it
+#: could overflow.
+MIN_POSITIVE = 1e-9
+_POSITIVE = ("workers", "local_batch", "global_batch", "steps", "samples_per_s",
+             "samples_per_s_per_worker", "step_time_p50", "step_time_p90", "step_time_mean")
 
 
 def _field_error(name: str, value: object) -> str | None:
@@ -225,8 +230,8 @@ def _field_error(name: str, value: object) -> str | None:
         want, ok = "printable text", isinstance(value, str) and value.isprintable()
     if not ok:
         return f"must be {want}, got {echo(value)}"
-    if name in _POSITIVE and not (isinstance(value, (int, float)) and value > 0):
-        return f"must be above 0, got {echo(value)}"
+    if name in _POSITIVE and not (isinstance(value, (int, float)) and value >= MIN_POSITIVE):
+        return f"must be at least {MIN_POSITIVE:g}, got {echo(value)}"
     return None
 
 
@@ -253,7 +258,8 @@ def _summary(row: object, where: str) -> Summary:
 
 def read_jsonl(path: Path) -> list[Summary]:
     """Summaries written by :func:`write_jsonl`. A file that is not text, a line that is
-    not JSON, a record of the wrong shape or types: one MetricsError naming file:line."""
+    not JSON, a number that is not finite, normal and bounded, a record of the wrong shape
+    or types: one MetricsError naming file:line."""
     fh, why = files.try_open_regular(path)  # a planted FIFO never hangs the reader
     if fh is None:
         raise MetricsError(f"{path}: {why}", str(path))
@@ -274,14 +280,7 @@ def read_jsonl(path: Path) -> list[Summary]:
             raise MetricsError(f"{where}: not UTF-8 text", where) from None
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise MetricsError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})",
-                               where) from None
-        except RecursionError:
-            raise MetricsError(f"{where}: not valid JSON (nested too deeply)", where) from None
-        out.append(_summary(row, where))
+        out.append(_summary(validate.read_json(where, line, MetricsError), where))
     return out
 
 

@@ -5,16 +5,15 @@ plot them and say where the plot went.
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pyhpc import files
-from pyhpc.errors import echo
-from pyhpc.train import metrics
+from pyhpc import files, validate
+from pyhpc.errors import PyhpcError, echo
+from pyhpc.train import metrics, plots
 
 #: The plot's name when only a directory is given (or nothing).
 PNG_NAME = "scaling.png"
@@ -79,41 +78,10 @@ def _series(summaries: Sequence[metrics.Summary], weak: bool) -> dict[str, list[
     return {k: sorted(v, key=lambda r: r.workers) for k, v in sorted(series.items())}
 
 
-def _figure(panels: int) -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
-    return fig, axes[0]
-
-
-def _save(fig: Any, path: Path) -> Path:
-    """Write through a temp file renamed over ``path`` (never through a link); a missing
-    parent directory is created, one that cannot be is a one-line FileError."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    for ax in fig.axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    try:
-        if not path.parent.is_dir():  # an existing one (or a link to one) is used as it is
-            files.make_dir(path.parent, arg="png")
-        files.write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=100,
-                                                      metadata={"Software": None}), arg="png")
-    finally:
-        plt.close(fig)
-    return path
-
-
 def plot(summaries: Sequence[metrics.Summary], path: Path) -> Path:
     """Two panels: samples/s (from 0, with each series' ideal scaling: its smallest run's
     rate per worker times the workers) and scaling efficiency against workers."""
-    fig, (ax_rate, ax_eff) = _figure(2)
+    fig, (ax_rate, ax_eff) = plots.figure(2)
     scaling = summaries[0].scaling or "weak"
     for label, runs in _series(summaries, scaling == "weak").items():
         workers = [r.workers for r in runs]
@@ -128,7 +96,7 @@ def plot(summaries: Sequence[metrics.Summary], path: Path) -> Path:
     ax_eff.set(xlabel="workers", ylabel="efficiency", title=f"{scaling.capitalize()} scaling "
                "efficiency", ylim=(0, 1.2))
     ax_eff.axhline(1.0, color="grey", linestyle=":")
-    return _save(fig, path)
+    return plots.save(fig, path)
 
 
 def time_to_train(run: metrics.Summary, epochs: int) -> float:
@@ -144,13 +112,13 @@ def time_to_train(run: metrics.Summary, epochs: int) -> float:
 def plot_time_to_train(summaries: Sequence[metrics.Summary], epochs: int, path: Path) -> Path:
     """The university cluster study's graph: time to train ``epochs`` epochs against
     workers (GPUs), one line per batch size per worker."""
-    fig, (ax,) = _figure(1)
+    fig, (ax,) = plots.figure(1)
     for label, runs in _series(summaries, weak=True).items():
         ax.plot([r.workers for r in runs], [time_to_train(r, epochs) / 60 for r in runs],
                 marker="o", label=label)
     ax.set(xlabel="workers (GPUs)", ylabel="minutes", title=f"Time to train {epochs} epochs")
     ax.set_ylim(bottom=0)
-    return _save(fig, path)
+    return plots.save(fig, path)
 
 
 def png_path(dirs: Sequence[Path], png: Path | None) -> Path:
@@ -206,14 +174,15 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
 
 
 def _history(out: Path) -> list[dict[str, Any]]:
-    """history.json of a run (one record per epoch); [] when it is missing or unreadable."""
+    """history.json of a run (one record per epoch); [] when it is missing or unreadable,
+    or holds a number that is not finite and bounded (:func:`pyhpc.validate.read_json`)."""
     fh, _ = files.try_open_regular(out / "history.json")  # never blocks on a FIFO
     if fh is None:
         return []
     try:
         with fh:
-            data = json.loads(fh.read(HISTORY_LIMIT + 1)[:HISTORY_LIMIT])
-    except (OSError, ValueError):
+            data = validate.read_json("history", fh.read(HISTORY_LIMIT + 1)[:HISTORY_LIMIT])
+    except (OSError, PyhpcError):
         return []
     return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
 
@@ -283,8 +252,9 @@ def missing_results(out: Path, summary: dict[str, Any]) -> str | None:
 def summary_text(summary: dict[str, Any]) -> str:
     """:func:`run_summary` as a few aligned lines."""
     def num(key: str, fmt: str) -> str:
-        value = summary.get(key)
-        return "-" if value is None else fmt.format(value)
+        value = summary.get(key)  # history.json is the run's: a number, or shown as unknown
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return fmt.format(value) if is_number else "-"
 
     rows = [("test accuracy", f"{num('test_accuracy', '{:.3f}')} after {summary['epochs']} epochs"),
             ("loss", num("loss", "{:.4f}")),

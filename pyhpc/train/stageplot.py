@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyhpc.train import metrics, report
+from pyhpc.train import metrics, plots
 
 PNG_NAME = "pipeline.png"
 
@@ -33,7 +33,7 @@ def plot(runs: Sequence[metrics.Summary], path: Path) -> Path:
     the measured bubble against micro-batches, one line per schedule and stage count, with
     (P - 1) / (M + P - 1) for equal stages dotted."""
     deep = [r for r in runs if r.model.startswith("DeepResNet")]
-    fig, (ax_rate, ax_bubble) = report._figure(2)
+    fig, (ax_rate, ax_bubble) = plots.figure(2)
     lines: dict[str, list[metrics.Summary]] = {}
     for run in deep:
         lines.setdefault(f"{run.model}, {metrics.stages(run)} stages", []).append(run)
@@ -57,4 +57,4 @@ def plot(runs: Sequence[metrics.Summary], path: Path) -> Path:
                        linestyle=":", color=line.get_color(), label=f"{stages} equal stages")
     ax_bubble.set(xlabel="micro-batches", ylabel="bubble (share of a step waiting)",
                   title="Pipeline bubble", ylim=(0, 1))
-    return report._save(fig, path)
+    return plots.save(fig, path)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pyhpc import cluster, paths
-from pyhpc.admin import directory
+from pyhpc.admin import directory, directory_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
@@ -39,8 +39,8 @@ def lab_directory() -> cluster.Directory:
     return LAB.directory
 
 
-def held_job(user: str) -> str:
-    return as_user(user, "sbatch --parsable --hold --time=1 --wrap true").stdout.strip()
+def held_job(user: str, options: str = "") -> str:
+    return as_user(user, f"sbatch --parsable --hold --time=1 {options} --wrap true").stdout.strip()
 
 
 def node_state(node: str) -> str:
@@ -96,7 +96,7 @@ def test_a_user_cannot_read_secrets_cancel_others_jobs_or_change_nodes() -> None
 def test_a_directory_user_with_no_association_gets_one_line_exit_2() -> None:
     d = lab_directory()
     tag, name = "pyhpc: integration test", "noassoc1"
-    directory.add_members(d, "noassoc", [name], tag, {name: "x" * 16})
+    directory_sync.add_members(d, "noassoc", [name], tag, {name: "x" * 16})
     try:
         proc = as_user(name, f"{PYHPC} submit single --set command=id", check=False)
         assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -147,7 +147,7 @@ def test_a_second_create_changes_nothing(created: dict[str, object]) -> None:
 
 def test_workshop_delete_leaves_other_users_untouched(created: dict[str, object]) -> None:
     other = held_job("user2")
-    participant = held_job(f"{WORKSHOP}-02")
+    participant = held_job(f"{WORKSHOP}-02", f"--reservation={WORKSHOP}")
     assocs = sh("sacctmgr", "-n", "-P", "show", "assoc", "account=lab", "format=user").stdout
     try:
         done = json.loads(workshop("delete", WORKSHOP, "--homes", "--json").stdout)

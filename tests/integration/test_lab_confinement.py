@@ -2,9 +2,10 @@
 
 Each `slurmd -N <node>` keeps its jobs under /sys/fs/cgroup/<controller>/slurm_<node>.
 These are the checks test_hostlab.py makes on hostlab's hosts, through srun and sbatch
-as a user runs them. The GPU stand-ins carry NVIDIA's device numbers, which no driver
-answers here: a job's open of a stand-in it holds fails with ENXIO, of one it does not
-hold with EPERM (the device cgroup).
+as a user runs them. The GPU stand-ins carry NVIDIA's major device number, which no
+driver answers here, and minor numbers of their own across nodes: a job's open of a
+stand-in it holds fails with ENXIO, of any other, on any node, with EPERM (the device
+cgroup).
 """
 from __future__ import annotations
 
@@ -70,6 +71,34 @@ def test_a_one_gpu_job_reaches_exactly_one_standin_and_sees_one() -> None:
     _, seen, visible = open_gpus("--gres=gpu:1")
     assert sorted(seen) == ["ENXIO"] + ["EPERM"] * (len(seen) - 1), seen
     assert visible.isdigit(), visible
+
+
+#: Prints how every node's stand-ins open from this job: path=errno name, one per line.
+OPEN_ALL = ("import errno, glob, os, sys\n"
+            "for path in sorted(glob.glob(f'{sys.argv[1]}/*/nvidia[0-9]*')):\n"
+            "    try:\n        os.close(os.open(path, os.O_RDONLY)); print(path, 'open')\n"
+            "    except OSError as exc:\n        print(path, errno.errorcode[exc.errno])")
+
+
+def test_every_standin_has_a_device_number_of_its_own() -> None:
+    numbers = [(p.stat().st_rdev, str(p)) for p in sorted(Path(GPU_DIR).glob("*/nvidia*"))]
+    assert len(numbers) == sum(n.gpus for n in LAB.nodes)
+    assert len({rdev for rdev, _ in numbers}) == len(numbers), numbers
+
+
+def test_a_one_gpu_job_cannot_open_another_nodes_standins() -> None:
+    """All emulated nodes share this host's /dev: a job given one GPU of one node may open
+    that stand-in only; every other node's stand-ins stay denied (EPERM), not reachable."""
+    proc = srun("--partition=gpu", "--gres=gpu:1", "bash", "-c",
+                f'echo "$SLURMD_NODENAME"; python3 -c "$0" {GPU_DIR}', OPEN_ALL)
+    assert proc.returncode == 0, proc.stderr
+    node, *lines = proc.stdout.split("\n")
+    seen = dict(line.split() for line in lines if line)
+    assert len(seen) == sum(n.gpus for n in LAB.nodes), seen
+    own = {p: e for p, e in seen.items() if f"/{node}/" in p}
+    others = {p: e for p, e in seen.items() if f"/{node}/" not in p}
+    assert sorted(own.values()) == ["ENXIO"] + ["EPERM"] * (len(own) - 1), own
+    assert others and set(others.values()) == {"EPERM"}, others
 
 
 def test_scancel_kills_a_process_that_left_the_job_script(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train", "bench", "admin", "containers"),  # the domain
     ("slurm",),
     ("dist", "cluster"),
+    ("cluster_users",),  # the definition's users, accounts and limits
+    ("schema",),  # the definition's field checks
     ("validate", "yamlio", "files", "paths"),
     ("errors",),
 )
@@ -34,10 +36,22 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+def _type_only(tree: ast.AST) -> set[ast.AST]:
+    """Imports under ``if TYPE_CHECKING:``: for the type checker only, never run."""
+    return {node for block in ast.walk(tree) if isinstance(block, ast.If)
+            and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+            for stmt in block.body for node in ast.walk(stmt)}
+
+
 def imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """The pyhpc modules ``path`` imports, wherever in it the import statement is."""
+    """The pyhpc modules ``path`` imports, wherever in it the import statement is (but
+    under ``if TYPE_CHECKING:``, where nothing runs)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_only(tree)
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "pyhpc"}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pyhpc import paths
-from pyhpc.admin import directory
+from pyhpc.admin import directory, directory_sync
 
 SLURM_TOOLS = ("sbatch", "srun", "squeue", "sacct", "scancel", "scontrol", "salloc")
 FAKE_TOOL = """#!/bin/bash
@@ -52,11 +52,48 @@ def slurm(monkeypatch, tmp_path: Path, fake_slurm) -> Recorder:
 
 
 class FakeLdap:
-    """An in-memory directory behind ldapsearch/ldapadd/ldapmodify/ldapdelete."""
+    """An in-memory directory behind ldapsearch/ldapadd/ldapmodify/ldapdelete: subtree and
+    base searches, adds that refuse an existing DN (68), modifies whose delete of a value
+    that is not there fails (16), as slapd's do."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, list[str]]] = {}
         self.calls: list[list[str]] = []
+
+    def _search(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        base = argv[argv.index("-b") + 1]
+        scope = argv[argv.index("-s") + 1] if "-s" in argv else "sub"
+        wanted = next(a for a in argv if a.startswith("(objectClass="))[13:-1]
+        if base not in self.entries:
+            return subprocess.CompletedProcess(argv, 32, "", "No such object")
+        found = [(dn, e) for dn, e in self.entries.items()
+                 if (dn == base if scope == "base" else dn.endswith("," + base))
+                 and wanted in e.get("objectClass", [])]
+        text = "".join(f"dn: {dn}\n" + "".join(f"{k}: {v}\n" for k, vs in e.items()
+                                               for v in vs) + "\n" for dn, e in found)
+        return subprocess.CompletedProcess(argv, 0, text, "")
+
+    def _modify(self, argv: list[str], ldif: str) -> subprocess.CompletedProcess[str]:
+        dn = ldif.splitlines()[0][4:]
+        entry = self.entries[dn]
+        changed = {k: list(v) for k, v in entry.items()}
+        for op in ldif.split("\n-\n"):
+            lines = [line for line in op.splitlines()
+                     if line and not line.startswith(("dn: ", "changetype: "))]
+            if not lines:
+                continue
+            verb, _, attr = lines[0].partition(": ")
+            values = [line.split(": ", 1)[1] for line in lines[1:]]
+            if verb == "replace":
+                changed[attr] = values
+            elif verb == "add":
+                changed.setdefault(attr, []).extend(values)
+            elif verb == "delete":
+                if any(v not in changed.get(attr, []) for v in values):
+                    return subprocess.CompletedProcess(argv, 16, "", "No such attribute")
+                changed[attr] = [v for v in changed.get(attr, []) if values and v not in values]
+        self.entries[dn] = changed
+        return subprocess.CompletedProcess(argv, 0, "", "")
 
     def __call__(self, argv: Sequence[str], stdin: str | None, timeout_s: float,
                  ) -> subprocess.CompletedProcess[str]:
@@ -64,26 +101,19 @@ class FakeLdap:
         self.calls.append(argv)
         tool = argv[0]
         if tool == "ldapsearch":
-            base = argv[argv.index("-b") + 1]
-            wanted = next(a for a in argv if a.startswith("(objectClass="))[13:-1]
-            found = [(dn, e) for dn, e in self.entries.items()
-                     if dn.endswith("," + base) and wanted in e.get("objectClass", [])]
-            if not found and not any(dn == base or dn.endswith("," + base) for dn in self.entries):
-                return subprocess.CompletedProcess(argv, 32, "", "No such object")
-            text = "".join(f"dn: {dn}\n" + "".join(f"{k}: {v}\n" for k, vs in e.items()
-                                                   for v in vs) + "\n" for dn, e in found)
-            return subprocess.CompletedProcess(argv, 0, text, "")
+            return self._search(argv)
         if tool == "ldapadd":
             for block in (stdin or "").strip().split("\n\n"):
                 attrs: dict[str, list[str]] = {}
                 for line in block.splitlines():
                     key, _, value = line.partition(": ")
                     attrs.setdefault(key, []).append(value)
-                self.entries[attrs.pop("dn")[0]] = attrs
+                dn = attrs.pop("dn")[0]
+                if dn in self.entries:
+                    return subprocess.CompletedProcess(argv, 68, "", "Already exists")
+                self.entries[dn] = attrs
         elif tool == "ldapmodify":
-            dn = (stdin or "").splitlines()[0][4:]
-            self.entries[dn]["memberUid"] = [line[11:] for line in (stdin or "").splitlines()
-                                             if line.startswith("memberUid: ")]
+            return self._modify(argv, stdin or "")
         elif tool == "ldapdelete":
             for dn in (stdin or "").split("\n"):
                 self.entries.pop(dn, None)
@@ -96,4 +126,18 @@ def fake_ldap(monkeypatch) -> FakeLdap:
     fake.entries["dc=lab,dc=pyhpc"] = {"objectClass": ["dcObject"]}
     monkeypatch.setattr(directory, "RUNNER", fake)
     monkeypatch.setattr(directory, "LDAPI", paths.ROOT / "no-such-socket")
+    # This machine's own accounts and homes are no part of the tests' directory.
+    monkeypatch.setattr(directory_sync, "LOCAL_IDS", {})
+    monkeypatch.setattr(directory_sync, "HOMES", paths.ROOT / "no-such-homes")
     return fake
+
+
+@pytest.fixture(autouse=True)
+def free_master_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rendezvous port no one else holds: a test's ranks (and its spawned children, which
+    inherit it) never meet another test run's on torch.distributed's default 29500."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))

@@ -343,8 +343,21 @@ def test_write_results_refuses_a_bad_document_and_writes_nothing(tmp_path: Path)
 
 def test_read_results_of_garbage_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "bench.json").write_text("{not json")
-    with pytest.raises(BenchError, match=r"^results: cannot read .*bench.json \(JSONDecodeError\)"):
+    with pytest.raises(BenchError, match=r"^results: .*bench.json: not valid JSON \(Expecting"):
         results.read_results(tmp_path / "bench.json")
+
+
+@pytest.mark.parametrize(("number", "why"), [
+    ("Infinity", "Infinity is not a number pyhpc reads"), ("NaN", "NaN is not a number"),
+    ("1e999", "the number '1e999' is beyond"), ("5e-324", "the number '5e-324' is denormal"),
+    ("9" * 5000, "the integer '99999"), ("-1" + "0" * 20, "the integer '-1000")])
+def test_bench_results_with_a_number_that_is_not_finite_and_bounded_are_one_line(
+        tmp_path: Path, number: str, why: str) -> None:
+    text = json.dumps(gpu_document()).replace('"GBps": ', f'"GBps": {number}, "was": ', 1)
+    (tmp_path / "bench.json").write_text(text)
+    with pytest.raises(BenchError) as exc:
+        results.read_results(tmp_path / "bench.json")
+    assert why in str(exc.value) and "\n" not in str(exc.value) and len(str(exc.value)) < 300
 
 
 # -- the command -----------------------------------------------------------------------

@@ -86,6 +86,34 @@ BAD = [
     ("accounts.0.users", "root", "accounts[0].users: must be a list of at most 4096 names, got 'root'"),
     ("tuning", "fast", "tuning: 'fast' is not allowed; allowed: default, high_throughput"),
     ("tuning", None, "tuning: None is not allowed; allowed: default, high_throughput"),
+    # Words Slurm's parsers give a meaning of their own, per field, in any case.
+    ("nodes.1", {"name": "default", "cpus": 1, "memory_mb": 1},
+     "nodes[1].name: 'default' is a word Slurm reserves in node names (NodeName=DEFAULT sets"),
+    ("nodes.1", {"name": "ALL", "cpus": 1, "memory_mb": 1}, "nodes[1].name: 'ALL' is a word "
+                                                              "Slurm reserves in node names"),
+    ("partitions.1.name", "Default", "partitions[1].name: 'Default' is a word Slurm reserves in "
+                                     "partition names"),
+    ("accounts.0.name", "root", "accounts[0].name: 'root' is a word Slurm reserves in account "
+                                "names (the root of Slurm's association tree)"),
+    ("name", "All", "name: 'All' is a word Slurm reserves in cluster names"),
+    ("nodes.1.gpu_type", "No_Consume", "nodes[1].gpu_type: 'No_Consume' is a word Slurm "
+                                       "reserves in gres_type names"),
+    # Per-user limits of an account.
+    ("accounts.0.limits", {"jobs": 0}, "accounts[0].limits.jobs: must be an integer from 1 to "
+                                       "100000, got 0"),
+    ("accounts.0.limits", {"gpus": 10**400}, "accounts[0].limits.gpus: must be an integer from "
+                                              "0 to 65536"),
+    ("accounts.0.limits", {"jobs": 4, "submitted_jobs": 2},
+     "accounts[0].limits.submitted_jobs: 2 is below accounts[0].limits.jobs 4"),
+    ("accounts.0.limits", {"cpus": 2}, "accounts[0].limits.cpus: unknown key; allowed: gpus, "
+                                       "jobs, nodes, submitted_jobs"),
+    # Directory numbers clear of system ids and nobody/nogroup.
+    ("directory", {"uid_min": 999}, "directory.uid_min: must be an integer from 1000"),
+    ("directory", {"uid_min": 50000, "uid_max": 70000},
+     "directory.uid_max: the range 50000-70000 reaches into 60000-65535 (ids Debian and "
+     "systemd reserve, nobody and nogroup 65534)"),
+    ("directory", {"uid_min": 65534, "uid_max": 65534}, "directory.uid_max: the range "
+                                                         "65534-65534 reaches into"),
 ]
 
 
@@ -217,3 +245,17 @@ def test_cli_refuses_lab_ports_past_65535(tmp_path: Path) -> None:
         "pyhpc: error: lab.slurmd_base_port: 65000 + 1000 nodes goes past port 65535 (the last "
         "node would get 65999); allowed: 1024 to 64536"]
     assert bad.read_bytes() == before
+
+
+def test_accounts_carry_per_user_limits_into_the_json() -> None:
+    data = edit("accounts.0.limits", {"jobs": 4, "submitted_jobs": 20, "nodes": 2, "gpus": 4})
+    spec = cluster.parse(data, LAB_RAM_MB)
+    assert spec.accounts[0].limits == cluster.Limits(jobs=4, submitted_jobs=20, nodes=2, gpus=4)
+    assert spec.to_dict()["accounts"][0]["limits"] == {"jobs": 4, "submitted_jobs": 20,
+                                                       "nodes": 2, "gpus": 4}
+    assert cluster.parse(lab_data(), LAB_RAM_MB).accounts[0].limits == cluster.Limits()
+
+
+def test_uid_ranges_beyond_the_system_ids_are_accepted() -> None:
+    d = cluster.parse(edit("directory", {"uid_min": 70000, "uid_max": 80000}), LAB_RAM_MB).directory
+    assert d is not None and (d.uid_min, d.uid_max) == (70000, 80000)

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
 import yaml
 
 from pyhpc import cluster, paths
-from pyhpc.admin import directory
+from pyhpc.admin import directory, directory_sync, owner
 from pyhpc.cluster import ConfigError
 
 EXTERNAL = {"uri": "ldaps://ldap.uni.example:636", "base_dn": "dc=uni,dc=example",
@@ -86,30 +87,79 @@ def lab_directory() -> cluster.Directory:
 
 def test_sync_adds_users_and_a_group_per_account_then_changes_nothing(fake_ldap) -> None:
     accounts = cluster.load(paths.LAB_CLUSTER).accounts
-    plan = directory.sync(lab_directory(), accounts)
-    assert plan.add_users == ("user1", "user2") and plan.add_groups == ("lab",)
+    plan = directory_sync.sync(lab_directory(), accounts)
+    assert plan.add_users == ("user1", "user2") and plan.add_groups == ("lab", "teaching")
     users = directory.users(lab_directory())
     assert [(u.name, u.number, u.gid) for u in users.values()] == [
         ("user1", 20000, 20000), ("user2", 20001, 20000)]
     assert "uid=root,ou=people,dc=lab,dc=pyhpc" not in fake_ldap.entries
-    assert not directory.sync(lab_directory(), accounts).changed
+    assert not directory_sync.sync(lab_directory(), accounts).changed
 
 
 def test_sync_removes_a_user_the_definition_dropped_and_keeps_workshop_users(fake_ldap) -> None:
     d = lab_directory()
-    directory.sync(d, (cluster.Account("lab", ("root", "user1", "user2")),))
-    directory.add_members(d, "ws", ["ws-01"], directory.workshop_tag("ws"), {"ws-01": "pw"})
-    plan = directory.sync(d, (cluster.Account("lab", ("root", "user1")),))
+    directory_sync.sync(d, (cluster.Account("lab", ("root", "user1", "user2")),))
+    directory_sync.add_members(d, "ws", ["ws-01"], owner.workshop("ws"), {"ws-01": "pw"})
+    plan = directory_sync.sync(d, (cluster.Account("lab", ("root", "user1")),))
     assert plan.remove_users == ("user2",) and plan.update_groups == ("lab",)
     assert sorted(directory.users(d)) == ["user1", "ws-01"]
     assert directory.groups(d)["lab"].members == ("user1",)
-    assert directory.users(d)["ws-01"].number == 20002  # numbers are never reused while taken
+    assert directory.users(d)["ws-01"].number == 20002
 
 
-def test_free_numbers_skip_taken_ones_and_refuse_a_full_range() -> None:
-    assert directory.free_numbers([20000, 20002], 20000, 20005, 3) == [20001, 20003, 20004]
-    with pytest.raises(directory.DirectoryError, match="directory.uid_max: no 2 free numbers"):
-        directory.free_numbers([1, 2], 1, 3, 2)
+def test_a_removed_users_uid_and_gid_are_never_given_again(fake_ldap) -> None:
+    d = lab_directory()
+    tag = owner.workshop("ws")
+    directory_sync.add_members(d, "ws", ["ws-01"], tag, {"ws-01": "pw"})
+    first = directory.users(d)["ws-01"]
+    directory.delete(d, [directory.user_dn(d, "ws-01"), directory.group_dn(d, "ws")])
+    directory_sync.add_members(d, "ws", ["ws-01"], tag, {"ws-01": "pw"})
+    again = directory.users(d)["ws-01"]
+    assert (first.number, first.gid) == (20000, 20000)
+    assert (again.number, again.gid) == (20001, 20001)
+    assert directory.read_counter(d, "uid") == 20002 == directory.read_counter(d, "gid")
+
+
+def test_numbers_skip_local_accounts_and_start_above_kept_homes(fake_ldap, tmp_path,
+                                                                 monkeypatch) -> None:
+    passwd, group, homes = tmp_path / "passwd", tmp_path / "group", tmp_path / "home"
+    passwd.write_text("root:x:0:0::/root:/bin/sh\nlocal:x:20000:20000::/x:/bin/sh\n")
+    group.write_text("root:x:0:\nlocal:x:20000:\n")
+    (homes / "gone-01").mkdir(parents=True)
+    os.chown(homes / "gone-01", 20005, 20003)  # a former user's home, kept
+    monkeypatch.setattr(directory_sync, "LOCAL_IDS", {"uid": passwd, "gid": group})
+    monkeypatch.setattr(directory_sync, "HOMES", homes)
+    d = lab_directory()
+    # An admin's own entry high in the range, with its home: skipped, never started above.
+    directory.add(d, directory.user_ldif(d, "admins", 29000, 29000, "the admin's"))
+    (homes / "admins").mkdir()
+    os.chown(homes / "admins", 29000, 29000)
+    directory_sync.add_members(d, "ws", ["ws-01", "ws-02"], owner.workshop("ws"),
+                               {"ws-01": "a", "ws-02": "b"})
+    users = directory.users(d)
+    assert [users[n].number for n in ("ws-01", "ws-02")] == [20006, 20007]
+    assert directory.groups(d)["ws"].number == 20004
+    monkeypatch.setattr(directory_sync, "HOMES", tmp_path / "none")
+    passwd.write_text("local:x:20008:20000::/x:/bin/sh\n")
+    directory_sync.add_members(d, "ws", ["ws-03"], owner.workshop("ws"), {"ws-03": "c"})
+    assert directory.users(d)["ws-03"].number == 20009  # the counter, past a local uid
+
+
+def test_a_full_range_and_a_counter_moved_meanwhile_are_one_line_each(fake_ldap,
+                                                                      monkeypatch) -> None:
+    d = cluster.Directory(True, "dc=lab,dc=pyhpc", "cn=admin,dc=lab,dc=pyhpc", "/x",
+                          uid_min=20000, uid_max=20001)
+    with pytest.raises(directory.DirectoryError,
+                       match=r"^directory.uid_max: no 3 uids left in 20000-20001"):
+        directory_sync.add_members(d, "ws", ["a", "b", "c"], owner.workshop("ws"),
+                                   dict.fromkeys("abc", "pw"))
+    directory.write_counter(d, "uid", None, 20000)
+    real = directory.read_counter
+    monkeypatch.setattr(directory, "read_counter", lambda d, which: 19999)
+    monkeypatch.setattr(directory_sync, "read_counter", lambda d, which: 19999)
+    with pytest.raises(directory.DirectoryError, match="another pyhpc gave out numbers"):
+        directory_sync.allocate(d, "uid", 1, [])
+    assert real(d, "uid") == 20000
 
 
 def test_external_directory_binds_with_the_admins_credentials(fake_ldap) -> None:

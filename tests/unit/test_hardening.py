@@ -6,6 +6,7 @@ nothing submitted, no planted code run.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pickle
 from pathlib import Path
@@ -376,3 +377,56 @@ def test_a_usage_error_is_one_line_exit_2(capsys) -> None:
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "argument --nodes: invalid int value: 'many'" in err
+
+
+# -- issue 22: every number read from a file is finite and bounded -------------------------
+
+GOOD_ROW = {"workers": 1, "local_batch": 32, "global_batch": 32, "steps": 10, "warmup_steps": 1,
+            "step_time_p50": 0.1, "step_time_p90": 0.1, "step_time_mean": 0.1,
+            "samples_per_s": 320.0, "samples_per_s_per_worker": 320.0, "torch_version": "2",
+            "backend": "gloo", "job_id": "1", "nodes": "cpu1", "mode": "digits", "model": "m"}
+
+
+@pytest.mark.parametrize(("key", "number", "message"), [
+    ("workers", "1" * 5000, "the integer '11111"),
+    ("workers", "1" * 400, "the integer '11111"),
+    ("samples_per_s", "Infinity", "Infinity is not a number pyhpc reads"),
+    ("samples_per_s", "1e400", "the number '1e400' is beyond"),
+    ("samples_per_s", "4e-320", "the number '4e-320' is denormal"),
+    ("step_time_p90", "-Infinity", "-Infinity is not a number pyhpc reads"),
+    ("step_time_p50", "NaN", "NaN is not a number pyhpc reads"),
+])
+def test_22_report_of_a_number_that_is_not_finite_and_bounded_is_one_line_and_no_plot(
+        tmp_path: Path, capsys, key: str, number: str, message: str) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    text = json.dumps(GOOD_ROW).replace(f'"{key}": {json.dumps(GOOD_ROW[key])}',
+                                        f'"{key}": {number}')
+    (run / "metrics.jsonl").write_text(text + "\n")
+    err = one_line_error(capsys, ["report", str(run)])
+    assert message in err and f"{run / 'metrics.jsonl'}:1: " in err, err
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("9" * 5000, "not valid YAML (a number of 5000 characters; at most 24)"),
+    (".inf", "not valid YAML ('.inf' is not a finite number"),
+    (".NaN", "not valid YAML ('.NaN' is not a finite number"),
+])
+def test_22_a_definition_number_of_thousands_of_digits_or_not_finite_is_one_line(
+        tmp_path: Path, capsys, value: str, message: str) -> None:
+    path = tmp_path / "cluster.yml"
+    path.write_text(paths.LAB_CLUSTER.read_text().replace("cpus: 2", f"cpus: {value}", 1))
+    assert message in one_line_error(capsys, ["cluster", "validate", str(path)])
+
+
+def test_22_a_history_with_hostile_numbers_is_shown_as_unknown(tmp_path: Path) -> None:
+    from pyhpc.train import report
+
+    (tmp_path / "history.json").write_text('[{"loss": 1e999, "test_accuracy": 0.5}]')
+    assert report.run_summary(tmp_path)["epochs"] == 0
+    (tmp_path / "history.json").write_text(f'[{{"loss": "x", "test_accuracy": {"9" * 5000}}}]')
+    assert "test accuracy  - after 0 epochs" in report.summary_text(report.run_summary(tmp_path))
+    (tmp_path / "history.json").write_text('[{"loss": "x", "test_accuracy": [1]}]')
+    text = report.summary_text(report.run_summary(tmp_path))
+    assert "test accuracy  - after 1 epochs" in text and "loss           -" in text

@@ -178,7 +178,23 @@ BAD_FILES = {
               r"1: step_time_p50: must be a number, got 'fast'"),
     "null": (with_field(job_id=None) + "\n", r"1: job_id: must not be null"),
     "zero rate": (with_field(samples_per_s=0) + "\n",
-                  r"1: samples_per_s: must be above 0, got 0"),
+                  r"1: samples_per_s: must be at least 1e-09, got 0"),
+    "tiny rate": (with_field(samples_per_s=1e-300) + "\n",
+                  r"1: samples_per_s: must be at least 1e-09, got 1e-300"),
+    "zero step time": (with_field(step_time_p50=0.0) + "\n",
+                       r"1: step_time_p50: must be at least 1e-09, got 0.0"),
+    "infinite rate": (with_field(samples_per_s=1.0).replace("1.0", "Infinity", 1) + "\n",
+                      r"1: Infinity is not a number pyhpc reads"),
+    "nan time": (with_field(step_time_p90=1.5).replace("1.5", "NaN") + "\n",
+                 r"1: NaN is not a number pyhpc reads"),
+    "overflowing rate": (with_field(samples_per_s=1.5).replace("1.5", "1e999") + "\n",
+                         r"1: the number '1e999' is beyond \+-1e\+15"),
+    "denormal rate": (with_field(samples_per_s=1.5).replace("1.5", "5e-324") + "\n",
+                      r"1: the number '5e-324' is denormal"),
+    "huge workers": (with_field(workers=7).replace(": 7", ": " + "7" * 5000) + "\n",
+                     r"1: the integer '77777"),
+    "big workers": (with_field(workers=7).replace(": 7", ": " + "7" * 400) + "\n",
+                    r"1: the integer '77777"),
     "escape": (with_field(job_id="\x1b[2J") + "\n",
                r"1: job_id: must be printable text, got '\\x1b\[2J'"),
     "nested": ("[" * 100_000 + "\n", r"1: not valid JSON \(nested too deeply\)"),
@@ -203,9 +219,18 @@ def test_a_bad_metrics_file_is_one_metrics_error_naming_file_and_line(
 
 def test_records_read_back_keep_extras_nulls_and_unknown_keys_ignored(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    path.write_text(with_field(efficiency=None, extra_final_loss=float("nan"), future=1) + "\n")
+    path.write_text(with_field(efficiency=None, extra_final_loss=0.25, future=1) + "\n")
     (back,) = metrics.read_jsonl(path)
-    assert back.efficiency is None and math.isnan(back.extra["final_loss"])
+    assert back.efficiency is None and back.extra["final_loss"] == 0.25
+
+
+def test_a_diverged_loss_is_written_as_null_and_reads_back(tmp_path: Path) -> None:
+    """NaN is no number a metrics file holds: a loss that diverged is unknown (null)."""
+    summary = metrics.summarize(two_ranks(), 2, ENV, extra={"final_loss": float("nan"),
+                                                          "first_loss": math.inf})
+    metrics.write_jsonl(tmp_path / "metrics.jsonl", [summary])
+    (back,) = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+    assert back.extra == {"final_loss": None, "first_loss": None}
 
 
 def test_a_device_or_directory_is_not_read_as_metrics(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from pyhpc.errors import PyhpcError
 from pyhpc.files import FileError
-from pyhpc.train import metrics, report
+from pyhpc.train import metrics, plots, report
 
 
 def summary(workers: int, rate: float) -> metrics.Summary:
@@ -147,7 +147,7 @@ def with_epoch(run: metrics.Summary, samples: int) -> metrics.Summary:
 def test_throughput_axis_starts_at_zero_and_shows_ideal_scaling(tmp_path: Path,
                                                                monkeypatch) -> None:
     saved = {}
-    monkeypatch.setattr(report, "_save", lambda fig, path: saved.setdefault("fig", fig) and path)
+    monkeypatch.setattr(plots, "save", lambda fig, path: saved.setdefault("fig", fig) and path)
     runs = metrics.efficiency([summary(1, 100.0), summary(2, 180.0), summary(4, 320.0)])
     report.plot(runs, tmp_path / "scaling.png")
     rate = saved["fig"].axes[0]

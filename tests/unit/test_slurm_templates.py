@@ -73,6 +73,16 @@ def test_rendering_is_deterministic(name: str) -> None:
     assert render(name, context("lab")) == render(name, context("lab"))
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_slurmdbd_keeps_the_same_data_private_as_slurmctld(case: str) -> None:
+    """sacct, sacctmgr and sreport ask slurmdbd, squeue and scontrol slurmctld: one privacy."""
+    def private(name: str) -> list[str]:
+        return [line for line in render(name, context(case)).splitlines()
+                if line.startswith("PrivateData=")]
+    assert private("slurmdbd.conf") == private("slurm.conf") == [
+        "PrivateData=accounts,jobs,reservations,usage,users"]
+
+
 def test_lab_runs_one_slurmd_per_node_on_its_own_port() -> None:
     conf = render("slurm.conf", context("lab"))
     for node in cluster.load(INVENTORIES / "lab" / "cluster.yml").nodes:

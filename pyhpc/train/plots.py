@@ -1,0 +1,38 @@
+"""What every pyhpc plot shares: a row of panels, and a save that never follows a link."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pyhpc import files
+
+
+def figure(panels: int) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
+    return fig, axes[0]
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Write through a temp file renamed over ``path`` (never through a link); a missing
+    parent directory is created, one that cannot be is a one-line FileError."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in fig.axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    try:
+        if not path.parent.is_dir():  # an existing one (or a link to one) is used as it is
+            files.make_dir(path.parent, arg="png")
+        files.write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=100,
+                                                      metadata={"Software": None}), arg="png")
+    finally:
+        plt.close(fig)
+    return path
