@@ -49,13 +49,13 @@ integration: venv lab-up ## Integration tests against the lab cluster.
 DEPLOY_LOG ?= .deploy/deploy.log
 ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e pyhpc_cluster_file=$(abspath $(CLUSTER))
 
+# site.yml's first play validates the definition (the deploy's one check) before any host changes.
 deploy: venv ## Deploy the lab (or INVENTORY=dir for a real cluster; CLUSTER=file overrides its cluster.yml).
-	$(PY) -m pyhpc cluster validate $(CLUSTER)
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	@echo "=== make deploy INVENTORY=$(INVENTORY) CLUSTER=$(CLUSTER) ($$(date -u +%FT%TZ))" >> $(DEPLOY_LOG)
 	$(ANSIBLE_PLAYBOOK) $(ANSIBLE_FLAGS) ansible/site.yml 2>&1 | tee -a $(DEPLOY_LOG)
 
-undeploy: venv ## Stop every pyhpc daemon; PURGE=1 also purges packages, state, database, keys, /opt/pyhpc/{venv,src}.
+undeploy: venv ## Every role absent: stop every pyhpc daemon; PURGE=1 also removes packages, state, database, keys, /opt/pyhpc/{venv,src}.
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	$(ANSIBLE_PLAYBOOK) -e pyhpc_purge=$(if $(PURGE),true,false) $(ANSIBLE_FLAGS) ansible/undeploy.yml 2>&1 | tee .deploy/undeploy.log
 
