@@ -201,9 +201,10 @@ def test_absent_on_a_host_without_gpu_stops_the_daemons_and_skips_preflight(tmp_
     purged = tasks["Purge the driver, CUDA and DCGM packages"]
     if purge:
         assert purged["invocation"]["module_args"]["name"] == ["nvidia-driver", "datacenter-gpu-manager"]
-        assert [r["item"] for r in tasks["Remove the apt sources, the keyring and the .deb caches the role added"]
-                ["results"]] == ["/etc/apt/sources.list.d/pyhpc-nvidia-debian.sources",
-                                 "/etc/apt/sources.list.d/pyhpc-nvidia.list", "/var/cache/pyhpc/nvidia"]
+        removed = tasks["Remove the apt sources, the keyring and the .deb caches the role added"]
+        assert [r["item"] for r in removed["results"]] == [
+            "/etc/apt/sources.list.d/pyhpc-nvidia-debian.sources",
+            "/etc/apt/sources.list.d/pyhpc-nvidia.list", "/var/cache/pyhpc/nvidia"]
     else:
         assert purged.get("skipped")
     assert report["stats"]["localhost"]["changed"] == 0
