@@ -126,6 +126,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.local:
         from pyhpc.train import loop as train
 
+        if cfg.pipeline > 1:
+            raise trainconfig.TrainError(f"pipeline: --local runs one process, and {cfg.pipeline} "
+                                         "stages need one each; submit the run (without --local)",
+                                         "pipeline")
+
         sweep.check_run(cfg, sweep.Resources(tasks_per_node=1), _cluster(), local=True)
         summary = train.run(cfg)
         result: dict[str, Any] = {"out": str(out), "summary": summary.row() if summary else None}

@@ -210,6 +210,18 @@ class Placement:
             torch.cuda.synchronize(self.index)  # GPU-only: kernels run asynchronously
 
 
+def peak_memory_bytes(place: Placement) -> int:
+    """The most memory this task has held: on a GPU, what torch's allocator had allocated
+    on it; on the CPU, the process's peak resident set (torch and the data included)."""
+    import resource
+
+    import torch
+
+    if place.cuda:
+        return int(torch.cuda.max_memory_allocated(place.index))  # GPU-only: the device's peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def host_buffers(place: Placement, nbytes: int) -> dict[str, torch.Tensor]:
     """Host buffers of ``nbytes`` to copy from and to, their pages already touched:
     ``pageable`` always, and ``pinned`` (page-locked) where there is a GPU to copy to —

@@ -23,6 +23,14 @@ from pyhpc.errors import PyhpcError, echo
 from pyhpc.files import FileError
 
 MODES = ("digits", "synthetic")
+#: auto: the mode's model (LeNet, or the wider CNN); deep: the very deep residual CNN on
+#: generated 3x62x62 images (pyhpc.train.deep), the one model that can be split.
+MODELS = ("auto", "deep")
+SCHEDULES = ("1f1b", "gpipe")
+RECOMPUTE = ("off", "block")
+#: Deepest model (residual blocks) and most pipeline stages taken.
+MAX_LAYERS = 16_000
+MAX_STAGES = 64
 DIGITS_SAMPLES = 1797  # sklearn.datasets.load_digits()
 #: Longest run directory path taken (PATH_MAX on Linux).
 MAX_OUT_LEN = 4096
@@ -60,10 +68,26 @@ class TrainConfig:
     precision: str = _option("fp32", "arithmetic: fp32, or bf16 (bfloat16 autocast; GPUs of "
                              "compute capability 8.0+, or the CPU, emulated where it lacks "
                              "bf16 instructions)", choices=PRECISIONS)
+    model: str = _option("auto", "auto: the mode's model; deep: a residual CNN of --layers "
+                         "blocks on generated 3x62x62 images (synthetic_samples of them), "
+                         "the model --pipeline splits", choices=MODELS)
+    layers: int = _option(32, "residual blocks of the deep model", min=1, max=MAX_LAYERS)
+    pipeline: int = _option(1, "pipeline stages per node, one task (GPU) each, for a model too "
+                            "deep for one; data parallel across nodes", min=1, max=MAX_STAGES)
+    microbatches: int = _option(4, "micro-batches each step's batch is cut into (pipeline); at "
+                                "least the stage count, and a divisor of the batch size",
+                                min=1, max=4096)
+    schedule: str = _option("1f1b", "pipeline schedule: 1f1b (one forward, one backward: "
+                            "activations of at most the stage count in flight) or gpipe "
+                            "(all forwards, then all backwards)", choices=SCHEDULES)
+    activation_checkpointing: str = _option(
+        "off", "block: keep only each residual block's input and recompute the rest in the "
+        "backward pass (less memory, about a third more compute)", choices=RECOMPUTE)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, _check_field(f.name, getattr(self, f.name)))
+        _check_pipeline(self)
 
 
 #: Each field's type (the annotations are strings here) and its rules.
@@ -95,6 +119,27 @@ def _check_field(name: str, value: object) -> object:
         raise TrainError(f"{name}: must be a number above {above:g} and at most "
                          f"{rules['max']:g}, got {echo(value)}", name)
     return number
+
+
+def _check_pipeline(cfg: TrainConfig) -> None:
+    """The options that only make sense together: a split needs the deep model, at least
+    one layer per stage, and micro-batches that cut the batch evenly, at least one a stage."""
+    if cfg.model == "deep":
+        object.__setattr__(cfg, "mode", "synthetic")  # the deep model's images are generated
+    if cfg.pipeline == 1:
+        return
+    if cfg.model != "deep":
+        raise TrainError(f"pipeline: only the deep model is split into stages; add --model deep "
+                         f"(got --pipeline {cfg.pipeline} with --model {cfg.model})", "pipeline")
+    if cfg.layers + 2 < cfg.pipeline:
+        raise TrainError(f"pipeline: {cfg.pipeline} stages need at least {cfg.pipeline - 2} "
+                         f"residual blocks, got --layers {cfg.layers}", "pipeline")
+    if cfg.microbatches < cfg.pipeline:
+        raise TrainError(f"microbatches: at least one per stage ({cfg.pipeline}), got "
+                         f"{cfg.microbatches}", "microbatches")
+    if cfg.batch_size % cfg.microbatches:
+        raise TrainError(f"microbatches: {cfg.microbatches} does not divide the batch size "
+                         f"{cfg.batch_size}; use a divisor of it", "microbatches")
 
 
 def _check_out_text(value: object) -> str:
@@ -188,15 +233,25 @@ def add_arguments(parser: argparse.ArgumentParser, skip: Collection[str] = ()) -
                             help=f"{rules['help']}; {bounds} (default: %(default)s)")
 
 
+def samples(cfg: TrainConfig) -> int:
+    """Images in the run's data set (training and test split together)."""
+    return DIGITS_SAMPLES if cfg.mode == "digits" else cfg.synthetic_samples
+
+
 def steps_per_epoch(cfg: TrainConfig, workers: int) -> int:
-    """Optimizer steps per epoch on each worker (80% train split, partial batches dropped)."""
-    samples = DIGITS_SAMPLES if cfg.mode == "digits" else cfg.synthetic_samples
-    return (int(0.8 * samples) // workers) // cfg.batch_size
+    """Optimizer steps per epoch on each data-parallel worker (80% train split, partial
+    batches dropped)."""
+    return (int(0.8 * samples(cfg)) // workers) // cfg.batch_size
 
 
-def check_steps(cfg: TrainConfig, workers: int) -> None:
-    """Refuse a run too short to measure: every step would be a warm-up step."""
-    workers = validate.integer("workers", workers, 1, 1_000_000, error=TrainError, text=False)
+def check_steps(cfg: TrainConfig, tasks: int) -> None:
+    """Refuse a run too short to measure: every step would be a warm-up step. ``tasks``:
+    the job's tasks; each ``pipeline`` of them hold one data-parallel copy of the model."""
+    tasks = validate.integer("workers", tasks, 1, 1_000_000, error=TrainError, text=False)
+    if tasks % cfg.pipeline:
+        raise TrainError(f"pipeline: {cfg.pipeline} stages per node need a multiple of "
+                         f"{cfg.pipeline} tasks, got {tasks}", "pipeline")
+    workers = tasks // cfg.pipeline
     steps = steps_per_epoch(cfg, workers)
     if steps * cfg.epochs <= cfg.warmup_steps:
         raise TrainError(

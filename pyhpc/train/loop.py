@@ -39,7 +39,7 @@ from pyhpc import dist, files
 from pyhpc.dist import device
 from pyhpc.errors import PyhpcError
 from pyhpc.train import config as trainconfig
-from pyhpc.train import metrics, startup
+from pyhpc.train import deep, metrics, startup
 from pyhpc.train.config import TrainConfig, TrainError
 
 #: When this module's imports (torch's among them) were done: a :mod:`pyhpc.train.startup` mark.
@@ -108,11 +108,16 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
 def datasets(cfg: TrainConfig) -> tuple[TensorDataset, TensorDataset, nn.Module]:
     """(train, test, model) for the mode, built identically on every rank."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    if cfg.mode == "digits":
+    model: nn.Module
+    if cfg.model == "deep":
+        x, y = deep.data(cfg.synthetic_samples, cfg.seed)
+        model = deep.build(cfg.layers, seed=cfg.seed,
+                           recompute=cfg.activation_checkpointing == "block")
+    elif cfg.mode == "digits":
         images, labels = digits()
         x = images.to(torch.float32).unsqueeze(1) / 16.0
         y = labels.to(torch.long)
-        model: nn.Module = LeNet()
+        model = LeNet()
     else:
         n = cfg.synthetic_samples
         x = torch.randn(n, 3, 32, 32, generator=gen)
@@ -397,31 +402,49 @@ def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
     td.all_gather_object(gathered, mine)
     summary = None
     if info.rank == 0:
-        files.append_text(out / "ranks.jsonl", "".join(
-            json.dumps({k: v for k, v in r.items() if k not in ("step_times", "marks")}
-                       | {"steps": len(r["step_times"])}) + "\n" for r in gathered))
-        files.write_text(out / "startup.json", json.dumps(startup.report(
-            [{k: r[k] for k in ("rank", "host", "pid", "marks")} for r in gathered],
-            os.environ), indent=1))
-        if gathered[0]["step_times"]:
-            env = metrics.Environment(
-                torch_version=torch.__version__, backend=info.backend,
-                job_id=os.environ.get("SLURM_JOB_ID", "local"),
-                nodes=sorted({r["host"] for r in gathered}), local_batch=cfg.batch_size,
-                mode=cfg.mode, model="LeNet" if cfg.mode == "digits" else "WideCNN")
-            ranks = [metrics.RankTimes(r["rank"], r["host"], r["step_times"]) for r in gathered]
-            try:
-                summary = metrics.summarize(ranks, cfg.warmup_steps, env, extra={
-                    "epochs": cfg.epochs, "final_loss": history[-1]["loss"] if history else None,
-                    "first_loss": history[0]["loss"] if history else None,
-                    "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
-                    "samples_per_epoch": samples_per_epoch})
-            except metrics.MetricsError as exc:  # e.g. a resumed run with too few steps left
-                print(f"pyhpc.train: no throughput summary: {exc}", file=sys.stderr, flush=True)
-            else:
-                metrics.write_jsonl(out / "metrics.jsonl", [summary])
-                metrics.write_csv(out / "metrics.csv", metrics.read_jsonl(out / "metrics.jsonl"))
+        summary = _write_report(cfg, info, gathered, history, out, samples_per_epoch)
     td.barrier()
+    return summary
+
+
+def model_name(cfg: TrainConfig) -> str:
+    """The model's name in the metrics: LeNet, WideCNN or DeepResNet-<blocks>."""
+    if cfg.model == "deep":
+        return f"DeepResNet-{cfg.layers}"
+    return "LeNet" if cfg.mode == "digits" else "WideCNN"
+
+
+def _write_report(cfg: TrainConfig, info: dist.DistInfo, gathered: list[Any],
+                  history: list[dict[str, Any]], out: Path, samples_per_epoch: int,
+                  workers: int | None = None, extra: dict[str, Any] | None = None,
+                  ) -> metrics.Summary | None:
+    """Rank 0's files from every rank's gathered record: ranks.jsonl, startup.json,
+    metrics.jsonl and .csv. ``workers``: data-parallel workers (default: every rank)."""
+    summary = None
+    files.append_text(out / "ranks.jsonl", "".join(
+        json.dumps({k: v for k, v in r.items() if k not in ("step_times", "marks")}
+                   | {"steps": len(r["step_times"])}) + "\n" for r in gathered))
+    files.write_text(out / "startup.json", json.dumps(startup.report(
+        [{k: r[k] for k in ("rank", "host", "pid", "marks")} for r in gathered],
+        os.environ), indent=1))
+    if gathered[0]["step_times"]:
+        env = metrics.Environment(
+            torch_version=torch.__version__, backend=info.backend,
+            job_id=os.environ.get("SLURM_JOB_ID", "local"),
+            nodes=sorted({r["host"] for r in gathered}), local_batch=cfg.batch_size,
+            mode=cfg.mode, model=model_name(cfg))
+        ranks = [metrics.RankTimes(r["rank"], r["host"], r["step_times"]) for r in gathered]
+        try:
+            summary = metrics.summarize(ranks, cfg.warmup_steps, env, workers=workers, extra={
+                "epochs": cfg.epochs, "final_loss": history[-1]["loss"] if history else None,
+                "first_loss": history[0]["loss"] if history else None,
+                "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
+                "samples_per_epoch": samples_per_epoch, **(extra or {})})
+        except metrics.MetricsError as exc:  # e.g. a resumed run with too few steps left
+            print(f"pyhpc.train: no throughput summary: {exc}", file=sys.stderr, flush=True)
+        else:
+            metrics.write_jsonl(out / "metrics.jsonl", [summary])
+            metrics.write_csv(out / "metrics.csv", metrics.read_jsonl(out / "metrics.jsonl"))
     return summary
 
 

@@ -136,10 +136,12 @@ def slowest_steps(ranks: Sequence[RankTimes], warmup: int) -> list[float]:
 
 
 def summarize(ranks: Sequence[RankTimes], warmup: int, env: Environment,
-              extra: dict[str, Any] | None = None) -> Summary:
-    """Throughput of one run from every rank's step times."""
+              extra: dict[str, Any] | None = None, workers: int | None = None) -> Summary:
+    """Throughput of one run from every rank's step times. ``workers``: the data-parallel
+    workers, each with ``env.local_batch`` samples a step (default: every rank; a pipelined
+    run has one per pipeline)."""
     slow = slowest_steps(ranks, warmup)
-    workers = len(ranks)
+    workers = len(ranks) if workers is None else workers
     global_batch = env.local_batch * workers
     mean = sum(slow) / len(slow)
     rate = global_batch / mean

@@ -210,15 +210,37 @@ def run_summary(out: Path) -> dict[str, Any]:
     runs = metrics.read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     history = _history(out)
     last = history[-1] if history else {}
+    # A pipelined run commits each epoch in pipeline.json (its stages' files beside it).
+    pipelined = os.path.lexists(out / "pipeline.json")
     summary: dict[str, Any] = {
         "epochs": len(history), "test_accuracy": last.get("test_accuracy"), "loss": last.get("loss"),
-        "metrics": str(out / "metrics.jsonl"), "checkpoint": str(out / "checkpoint.pt")}
+        "metrics": str(out / "metrics.jsonl"),
+        "checkpoint": str(out / ("pipeline.json" if pipelined else "checkpoint.pt"))}
     if runs:
         run = runs[-1]
         summary.update(workers=run.workers, nodes=run.nodes, samples_per_s=run.samples_per_s,
                        step_time_p50_ms=run.step_time_p50 * 1000,
                        step_time_p90_ms=run.step_time_p90 * 1000)
+        summary.update({key: run.extra[key] for key in PIPELINE_FIGURES if key in run.extra})
     return summary
+
+
+#: A pipelined run's own figures (pyhpc.train.pipeline), shown after the others.
+PIPELINE_FIGURES = ("pipeline", "replicas", "layers", "microbatches", "schedule",
+                    "stage_peak_memory_bytes", "stage_bubble", "bubble_theory")
+
+
+def _pipeline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    if "pipeline" not in summary:
+        return []
+    memory = ", ".join("-" if b is None else f"{b / 2**20:.0f} MiB"
+                       for b in summary.get("stage_peak_memory_bytes", []))
+    bubble = ", ".join("-" if b is None else f"{b:.2f}" for b in summary.get("stage_bubble", []))
+    return [("pipeline", f"{summary['pipeline']} stages x {summary.get('replicas', '-')} replicas, "
+                         f"{summary.get('layers', '-')} blocks, {summary.get('microbatches', '-')} "
+                         f"micro-batches ({summary.get('schedule', '-')})"),
+            ("stage memory", f"{memory} (peak, per stage)"),
+            ("bubble", f"{bubble} (per stage; equal stages: {summary.get('bubble_theory', '-')})")]
 
 
 def summary_text(summary: dict[str, Any]) -> str:
@@ -233,5 +255,6 @@ def summary_text(summary: dict[str, Any]) -> str:
                            f"{summary.get('workers', '-')} workers ({summary.get('nodes', '-')})"),
             ("step time", f"p50 {num('step_time_p50_ms', '{:.2f}')} ms, "
                           f"p90 {num('step_time_p90_ms', '{:.2f}')} ms"),
+            *_pipeline_rows(summary),
             ("metrics", summary["metrics"]), ("checkpoint", summary["checkpoint"])]
     return "\n".join(f"  {name:<14} {value}" for name, value in rows)

@@ -56,16 +56,35 @@ def check_run(cfg: TrainConfig, res: Resources, cluster: Cluster, local: bool = 
         raise TrainError(f"device: cuda needs GPUs, and this job asks for none on partition "
                          f"{spec.partition!r}; add --gpus-per-node on a partition with GPUs, "
                          "or use --device auto or cpu", "device")
+    if cfg.pipeline > 1 and not (spec.tasks_per_node % cfg.pipeline == 0
+                                 or cfg.pipeline % spec.tasks_per_node == 0):
+        raise TrainError(f"pipeline: {cfg.pipeline} stages run one task each, inside a node or "
+                         f"over whole nodes; {spec.tasks_per_node} tasks per node fit neither "
+                         "(set --tasks-per-node or --gpus-per-node to the stage count)", "pipeline")
     check_steps(cfg, spec.nodes * spec.tasks_per_node)
     check_out(cfg.out)
     return spec
 
 
+def for_pipeline(res: Resources, cfg: TrainConfig) -> Resources:
+    """A pipelined run's tasks: one per stage on each node, unless the request says
+    otherwise (its GPUs, or its own --tasks-per-node)."""
+    if cfg.pipeline > 1 and res.tasks_per_node is None and res.gpus_per_node == 0:
+        return replace(res, tasks_per_node=cfg.pipeline)
+    return res
+
+
 def submit_run(cfg: TrainConfig, res: Resources, cluster: Cluster | None = None) -> Any:
     """Submit one training run (a submitit job of :class:`pyhpc.train.loop.Trainer`)."""
     the_cluster = cluster_or_default(cluster)
+    res = for_pipeline(res, cfg)
     spec = check_run(cfg, res, the_cluster)
-    from pyhpc.train.loop import Trainer  # torch: only once the run is known to be good
+    # torch: only once the run is known to be good
+    if cfg.pipeline > 1:
+        from pyhpc.train.pipeline import PipelineTrainer
+
+        return submit_task(PipelineTrainer(cfg), spec, res.folder, the_cluster)
+    from pyhpc.train.loop import Trainer
 
     return submit_task(Trainer(cfg), spec, res.folder, the_cluster)
 
@@ -85,7 +104,7 @@ def plan(base: TrainConfig, nodes: list[int], batches: list[int], scaling: str,
                                    f"{workers} workers (strong scaling)")
             local = b if scaling == "weak" else b // workers
             cfg = replace(base, out=str((out / f"nodes{n}-batch{b}").resolve()), batch_size=local)
-            check_run(cfg, point, cluster)
+            check_run(cfg, for_pipeline(point, cfg), cluster)
             points.append((point, cfg))
     return points
 
