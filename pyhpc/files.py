@@ -102,3 +102,31 @@ def append_text(path: str | Path, text: str, arg: str = "out") -> None:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise FileError(f"{arg}: {path} is not a regular file", arg)
         fh.write(text.encode())
+
+
+def check_out(path: str | os.PathLike[str], arg: str = "out") -> Path:
+    """``path`` if it is a run directory pyhpc can create or write in; creates nothing.
+
+    Refused with a one-line :class:`~pyhpc.files.FileError`: a file (or a symbolic link)
+    where the directory belongs, a path under a file, a directory this user cannot write in.
+    """
+    path = Path(path)
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:
+        raise FileError(f"{arg}: {path} is under a file, not a directory", arg) from None
+    except OSError as exc:
+        raise FileError(f"{arg}: cannot use {path} ({exc.strerror})", arg) from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise FileError(f"{arg}: {path} is a symbolic link; name the directory itself", arg)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise FileError(f"{arg}: {path} exists and is not a directory", arg)
+    # The directory, or the nearest one that exists and would hold it.
+    where = path if st is not None else next(
+        (p for p in path.absolute().parents if p.exists()), Path("/"))
+    if not os.access(where, os.W_OK | os.X_OK):
+        what = "write in" if where == path else "create directory"
+        raise FileError(f"{arg}: cannot {what} {path} (permission denied in {where})", arg)
+    return path

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, get_type_hints
 
 from pyhpc import validate
 from pyhpc.dist.device import DEVICES, PRECISIONS
 from pyhpc.errors import PyhpcError, echo
-from pyhpc.files import FileError
+from pyhpc.files import check_out
 
 MODES = ("digits", "synthetic")
 #: auto: the mode's model (LeNet, or the wider CNN); deep: the very deep residual CNN on
@@ -150,34 +148,6 @@ def _check_out_text(value: object) -> str:
         raise TrainError(f"out: must be a directory path (at most {MAX_OUT_LEN} characters), "
                          f"got {echo(value)}", "out")
     return value
-
-
-def check_out(path: str | os.PathLike[str], arg: str = "out") -> Path:
-    """``path`` if it is a run directory pyhpc can create or write in; creates nothing.
-
-    Refused with a one-line :class:`~pyhpc.files.FileError`: a file (or a symbolic link)
-    where the directory belongs, a path under a file, a directory this user cannot write in.
-    """
-    path = Path(path)
-    try:
-        st: os.stat_result | None = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except NotADirectoryError:
-        raise FileError(f"{arg}: {path} is under a file, not a directory", arg) from None
-    except OSError as exc:
-        raise FileError(f"{arg}: cannot use {path} ({exc.strerror})", arg) from None
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        raise FileError(f"{arg}: {path} is a symbolic link; name the directory itself", arg)
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        raise FileError(f"{arg}: {path} exists and is not a directory", arg)
-    # The directory, or the nearest one that exists and would hold it.
-    where = path if st is not None else next(
-        (p for p in path.absolute().parents if p.exists()), Path("/"))
-    if not os.access(where, os.W_OK | os.X_OK):
-        what = "write in" if where == path else "create directory"
-        raise FileError(f"{arg}: cannot {what} {path} (permission denied in {where})", arg)
-    return path
 
 
 def names() -> tuple[str, ...]:
