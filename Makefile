@@ -69,24 +69,24 @@ lab-up: venv ## Bring the lab up (an idempotent deploy of the lab inventory).
 	$(MAKE) --no-print-directory deploy INVENTORY=ansible/inventories/lab CLUSTER=ansible/inventories/lab/cluster.yml
 
 bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages alone, and an idempotent re-run (purges the lab).
-	$(PY) bench/deploy.py
+	$(PY) -m benchmarks.deploy
 
 bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-run on 1-8 compute hosts (~30 min; restores it).
-	$(PY) bench/hostlab.py
+	$(PY) -m benchmarks.hostlab
 
-bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-up): bench/results/scale.json, docs/scale-*.png (~30 min; redeploys the lab).
-	$(PY) bench/scale.py
+bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-up): benchmarks/results/scale.json, docs/scale-*.png (~30 min; redeploys the lab).
+	$(PY) -m benchmarks.scale
 
-bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<name>.json.
-	/opt/pyhpc/venv/bin/python bench/containers.py --from-scratch
-	$(PY) bench/jobs.py
+bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/results/<name>.json.
+	$(PY) -m benchmarks.containers --from-scratch
+	$(PY) -m benchmarks.jobs
 	$(MAKE) --no-print-directory bench-deploy
 
 containers: venv ## Build the CPU framework image offline (podman) into /opt/pyhpc/images; a no-op when the spec is unchanged.
 	$(PY) -m pyhpc containers build --variant cpu
 
 clean: ## Remove caches and build outputs in this checkout (not the venv, the lab or images).
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build containers/build bench/work *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build containers/build benchmarks/work *.egg-info
 	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +
 
 purge: ## Same as `make undeploy PURGE=1`: stop daemons, purge packages, state, database and keys.
