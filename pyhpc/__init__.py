@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from pyhpc.slurm.submit import submit_array as submit_array
     from pyhpc.slurm.submit import submit_script as submit_script
     from pyhpc.slurm.submit import submit_template as submit_template
+    from pyhpc.train.sweep import submit_training as submit_training
 
 __version__ = "0.1.0"
 #: The public API: name -> the module that defines it.
 _API = {**dict.fromkeys(("ScriptJob", "SubmitError", "submit", "submit_array", "submit_script",
                          "submit_template"), "pyhpc.slurm.submit"),
-        "PyhpcError": "pyhpc.errors", "JobSpec": "pyhpc.slurm.jobspec"}
+        "PyhpcError": "pyhpc.errors", "JobSpec": "pyhpc.slurm.jobspec",
+        "submit_training": "pyhpc.train.sweep"}
 __all__ = sorted(_API)
 
 

@@ -9,14 +9,21 @@ another user can create files. Every write goes through here:
 - appends open with ``O_NOFOLLOW`` and refuse anything but a regular file;
 - modes are 0600 for files and 0700 for directories, or 0640/0750 when the user opts in
   to sharing with the group (``--group-readable``, or ``PYHPC_GROUP_READABLE=1``, which
-  jobs inherit from the submitting shell).
+  jobs inherit from the submitting shell);
+- a directory pyhpc writes into or reads back from passes :func:`safe_dir`, the one
+  check (the directory is yours, nobody else can write it or replace it from above);
+- a file read back is opened without blocking and must be a regular file
+  (:func:`open_regular`), so a planted FIFO or device never hangs a reader.
 """
 from __future__ import annotations
 
+import contextlib
+import grp
 import os
+import pwd
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -46,9 +53,122 @@ def dir_mode() -> int:
     return 0o750 if group_readable() else 0o700
 
 
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """A user-private group: named as the user, with no other member listed."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return False
+    return group.gr_name == user and set(group.gr_mem) <= {user}
+
+
+def unmapped_uid() -> int | None:
+    """The uid every owner outside this user namespace shows as (a rootless container
+    maps only its user: root's directories and other users' alike look like ``nobody``),
+    or None in the host's namespace, where every owner shows as themself."""
+    try:
+        if Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]:
+            return None
+        return int(Path("/proc/sys/kernel/overflowuid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _unsafe(path: Path, info: os.stat_result, target: bool) -> str | None:
+    """Why directory ``path`` (the target, or one above it) lets someone else in, or None.
+
+    Above the target, root's directories and the user's own are fine, and so is one that
+    others can write if it has the sticky bit (``/tmp``: nobody can rename what is yours
+    there). The target itself must be the user's, and only theirs to write. A group
+    counts as nobody else when it is the user's private group (Debian's default). In a
+    rootless container, a directory above the target whose owner the namespace does not
+    show passes as root's would (it cannot tell root from another user there; the
+    target must still be the user's, and outside containers real owners are checked).
+    """
+    me = os.geteuid()
+    if info.st_uid != me and (target or info.st_uid not in (0, unmapped_uid())):
+        return f"{path} belongs to {_name(info.st_uid)}, not to you"
+    sticky = not target and info.st_mode & stat.S_ISVTX
+    if info.st_mode & stat.S_IWOTH and not sticky:
+        return f"{path} is writable by every user (mode {stat.S_IMODE(info.st_mode):04o})"
+    if info.st_mode & stat.S_IWGRP and not sticky and not _private_group(info.st_gid, me):
+        return (f"{path} is writable by group {_group(info.st_gid)} "
+                f"(mode {stat.S_IMODE(info.st_mode):04o})")
+    return None
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return f"gid {gid}"
+
+
+def safe_dir(path: str | os.PathLike[str], arg: str = "out", writable: bool = True) -> Path:
+    """The one check for a directory pyhpc writes into or later loads from; creates nothing.
+
+    Returns ``path`` resolved (links above it followed; use that path from then on). Refused
+    with one :class:`FileError` line: the directory, or one above it, is someone else's or
+    writable by others (see :func:`_unsafe`), it is a link or not a directory, or this user
+    cannot write in it (or, when it does not exist yet, in the directory that would hold
+    it; ``writable=False`` skips this last one, for a directory only read from).
+    """
+    given = Path(os.path.abspath(path))
+    try:
+        last = os.lstat(given)
+    except FileNotFoundError:
+        last = None
+    except NotADirectoryError:
+        raise FileError(f"{arg}: {path} is under a file, not a directory", arg) from None
+    except OSError as exc:
+        raise FileError(f"{arg}: cannot use {path} ({exc.strerror})", arg) from None
+    if last is not None and stat.S_ISLNK(last.st_mode):
+        raise FileError(f"{arg}: {path} is a symbolic link; name the directory itself", arg)
+    real = Path(os.path.realpath(given))
+    deepest = Path("/")
+    for part in [*reversed(real.parents), real]:
+        try:
+            info = os.stat(part)
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            raise FileError(f"{arg}: cannot use {path} ({part}: {exc.strerror})", arg) from None
+        if not stat.S_ISDIR(info.st_mode):
+            what = "exists and is not" if part == real else "is under a file, not"
+            raise FileError(f"{arg}: {path} {what} a directory", arg)
+        why = _unsafe(part, info, target=part == real)
+        if why:
+            raise FileError(f"{arg}: refusing {given}: {why}; pyhpc writes and reads back "
+                            "only in directories that nobody else can write", arg)
+        deepest = part
+    if writable and not os.access(deepest, os.W_OK | os.X_OK):
+        what = "write in" if deepest == real else "create directory"
+        raise FileError(f"{arg}: cannot {what} {given} (permission denied in {deepest})", arg)
+    return real
+
+
+@contextlib.contextmanager
+def private_umask() -> Iterator[None]:
+    """Within: files and directories this process (and a job it submits: Slurm carries the
+    umask) creates get the private modes, or the group-readable ones when opted in."""
+    old = os.umask(0o027 if group_readable() else 0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def make_dir(path: str | Path, arg: str = "out") -> Path:
-    """Create ``path`` (and parents) with the private directory mode; refuse a non-directory."""
-    path = Path(path)
+    """Create ``path`` (and parents) with the private directory mode, after
+    :func:`safe_dir` accepted it; returns the resolved path."""
+    path = safe_dir(path, arg)
     try:
         path.mkdir(mode=dir_mode(), parents=True, exist_ok=True)
     except FileExistsError:
@@ -59,7 +179,7 @@ def make_dir(path: str | Path, arg: str = "out") -> Path:
         raise FileError(f"{arg}: cannot create directory {path} ({exc.strerror})", arg) from None
     if path.is_symlink() or not path.is_dir():
         raise FileError(f"{arg}: {path} is not a directory", arg)
-    return path
+    return safe_dir(path, arg)
 
 
 def write_with(path: str | Path, writer: Callable[[BinaryIO], object],
@@ -92,7 +212,9 @@ def write_text(path: str | Path, text: str, arg: str = "out") -> Path:
 
 def append_text(path: str | Path, text: str, arg: str = "out") -> None:
     """Append ``text`` to ``path``, creating it privately; a link or non-file is refused."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    # O_NONBLOCK: a FIFO planted at the path must not hang the open (it is refused below).
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+             | getattr(os, "O_CLOEXEC", 0))
     try:
         fd = os.open(path, flags, file_mode())
     except OSError as exc:
@@ -104,29 +226,35 @@ def append_text(path: str | Path, text: str, arg: str = "out") -> None:
         fh.write(text.encode())
 
 
-def check_out(path: str | os.PathLike[str], arg: str = "out") -> Path:
-    """``path`` if it is a run directory pyhpc can create or write in; creates nothing.
-
-    Refused with a one-line :class:`~pyhpc.files.FileError`: a file (or a symbolic link)
-    where the directory belongs, a path under a file, a directory this user cannot write in.
-    """
-    path = Path(path)
+def try_open_regular(path: str | Path) -> tuple[BinaryIO | None, str]:
+    """``(file, "")`` for the regular file ``path`` opened for reading, else ``(None, why)``.
+    Opened without blocking (a planted FIFO answers at once) and without following a
+    link, then checked; only a regular file is ever read."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        st: os.stat_result | None = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except NotADirectoryError:
-        raise FileError(f"{arg}: {path} is under a file, not a directory", arg) from None
+        fd = os.open(path, flags)
     except OSError as exc:
-        raise FileError(f"{arg}: cannot use {path} ({exc.strerror})", arg) from None
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        raise FileError(f"{arg}: {path} is a symbolic link; name the directory itself", arg)
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        raise FileError(f"{arg}: {path} exists and is not a directory", arg)
-    # The directory, or the nearest one that exists and would hold it.
-    where = path if st is not None else next(
-        (p for p in path.absolute().parents if p.exists()), Path("/"))
-    if not os.access(where, os.W_OK | os.X_OK):
-        what = "write in" if where == path else "create directory"
-        raise FileError(f"{arg}: cannot {what} {path} (permission denied in {where})", arg)
-    return path
+        return None, f"cannot open it: {exc.strerror}; a symlink is never followed"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None, "not a regular file"
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb"), ""
+
+
+def open_regular(path: str | Path, arg: str = "file") -> BinaryIO:
+    """:func:`try_open_regular`, or one :class:`FileError` line saying why not."""
+    fh, why = try_open_regular(path)
+    if fh is None:
+        raise FileError(f"{arg}: cannot read {path} ({why})", arg)
+    return fh
+
+
+def read_bytes(path: str | Path, limit: int, arg: str = "file") -> bytes:
+    """The contents of the regular file ``path`` (see :func:`open_regular`), at most
+    ``limit`` bytes; a larger file is refused."""
+    with open_regular(path, arg) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise FileError(f"{arg}: {path} is larger than {limit} bytes", arg)
+    return data

@@ -7,6 +7,8 @@ names the file (and the line, where YAML knows it).
 """
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,11 @@ def load(path: str | Path, what: str, error: type[PyhpcError] = PyhpcError) -> A
     """Read and parse the YAML file ``path`` (a ``what``, for messages)."""
     path = Path(path)
     try:
-        with path.open("rb") as fh:
+        # Without blocking, then only a regular file: a FIFO named here never hangs us.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise error(f"{path}: {what} is not a regular file", str(path))
+            os.set_blocking(fh.fileno(), True)
             data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read {what} ({exc.strerror})", str(path)) from None

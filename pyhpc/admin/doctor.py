@@ -98,7 +98,7 @@ class Doctor:
 
     def srun(self) -> Check:
         proc = slurm.srun(["--nodes=2", "--ntasks-per-node=1", "--time=1",
-                           "--job-name=pyhpc-doctor", "sh", "-c",
+                           "--job-name=pyhpc-doctor", f"--chdir={STEP_DIR}", "sh", "-c",
                            'echo "$SLURM_JOB_ID $SLURMD_NODENAME"'])
         if proc.returncode != 0:
             return Check("srun -N2", False, f"srun: {_why(proc)}")
@@ -175,8 +175,12 @@ def table(checks: Sequence[Check]) -> str:
 
 # -- GPU acceptance (pyhpc doctor --gpus) ---------------------------------------------
 
-#: The shared environment's interpreter on every node, as the job templates use it.
+#: The shared environment's interpreter on every node, as the job templates use it. The
+#: check step runs it isolated (``-I``: no directory of the step's and no PYTHON*
+#: variable of the caller's on the import path), since an admin runs the doctor as root.
 PYTHON = paths.SHARED_VENV / "bin" / "python"
+#: Where the doctor's steps run: root's, never a directory other users can write (/tmp).
+STEP_DIR = "/"
 #: The check step's time limit (minutes) and how long it may wait for the node's GPUs (s).
 GPU_JOB_MINUTES = 5
 GPU_WAIT_S = 60
@@ -210,8 +214,8 @@ def gpu_step(node: str, gpus: int, partition: str) -> list[str]:
     """srun's arguments for the check step: this node, all its GPUs, one task."""
     return [f"--nodelist={node}", "--nodes=1", "--ntasks=1", f"--gres=gpu:{gpus}",
             *([f"--partition={partition}"] if partition else []), f"--time={GPU_JOB_MINUTES}",
-            f"--immediate={GPU_WAIT_S}", "--job-name=pyhpc-doctor-gpus", "--chdir=/tmp",
-            str(PYTHON), "-m", "pyhpc.admin.gpucheck"]
+            f"--immediate={GPU_WAIT_S}", "--job-name=pyhpc-doctor-gpus", f"--chdir={STEP_DIR}",
+            str(PYTHON), "-I", "-m", "pyhpc.admin.gpucheck"]
 
 
 def gpu_verdict(node: str, state: str, gres: int, data: dict[str, Any]) -> GpuRow:

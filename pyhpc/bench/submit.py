@@ -6,11 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pyhpc import files
 from pyhpc.bench.config import BenchConfig
 from pyhpc.bench.results import RESULTS, read_results, table
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
-from pyhpc.files import check_out
 from pyhpc.slurm import jobspec, watch
 from pyhpc.slurm.jobspec import JobSpec
 from pyhpc.slurm.submit import submit_spec
@@ -34,7 +34,7 @@ def check(cfg: BenchConfig, spec: JobSpec, cluster: Cluster) -> JobSpec:
     on a partition without GPUs is a one-line :class:`~pyhpc.slurm.jobspec.JobSpecError`."""
     spec = with_gpus(replace(spec, job_name=spec.job_name or "bench"), cfg.device == "cuda", cluster)
     checked = jobspec.check(spec, cluster)
-    check_out(cfg.out)
+    files.safe_dir(cfg.out, "out")
     return checked
 
 

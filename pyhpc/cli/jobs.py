@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pyhpc import cluster, paths, validate
+from pyhpc import cluster, files, paths, validate
 from pyhpc.bench import config as bench
 from pyhpc.bench import results as bench_results
 from pyhpc.bench import submit as bench_submit
@@ -96,8 +97,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     logs = _submit.job_logs(watch.job_ids([args.job_id], "job_id")[0])
     for path in logs:
         if len(logs) > 1:
-            print(f"==> {path} <==")
-        sys.stdout.write(path.read_text(errors="replace"))
+            print(f"==> {path} <==", flush=True)
+        with files.open_regular(path, "job_id") as fh:  # a planted FIFO never hangs this
+            shutil.copyfileobj(fh, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
     return 0
 
 
@@ -118,6 +121,14 @@ def _config(args: argparse.Namespace, out: Path, **overrides: Any) -> trainconfi
     values = {f.name: getattr(args, f.name) for f in fields(trainconfig.TrainConfig)
               if hasattr(args, f.name)}
     return trainconfig.from_mapping({**values, "out": str(out.resolve()), **overrides})
+
+
+def _results_or_fail(job_id: str, state: str, out: Path, summary: dict[str, Any]) -> None:
+    """A run Slurm calls COMPLETED that trained nothing or left no results is a failure:
+    one line, never a summary of files that are not there."""
+    why = report.missing_results(out, summary) if state == "COMPLETED" else None
+    if why:
+        raise PyhpcError(f"{why}; see pyhpc logs {job_id}", "out")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -141,16 +152,33 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.wait:
             result["state"] = _wait(result["job_id"], args)
             result["summary"] = report.run_summary(out)
+            _results_or_fail(result["job_id"], result["state"], out, result["summary"])
     text = (f"job {result['job_id']} {result['state']}: {out}\n"
             f"{report.summary_text(result['summary'])}" if "state" in result else json.dumps(result))
     if result.get("state", "COMPLETED") != "COMPLETED":
         text += f"\n  job output     pyhpc logs {result['job_id']}"
-        if not result["summary"]["epochs"]:
+        why = out_of_memory(result["job_id"], cfg)
+        if why:
+            result["why"] = why
+            text += f"\n  {why}"
+        elif not result["summary"]["epochs"]:
             # The usual first-run mistake on a real cluster: a directory only the login host has.
             text += (f"\n  no epoch reached {out}: it must be on storage the compute nodes "
                      "share (e.g. your home)")
     _emit(result, args.json, text)
     return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
+
+
+def out_of_memory(job_id: str, cfg: trainconfig.TrainConfig) -> str | None:
+    """One line when Slurm's cgroup killed a task of the job for memory, with what to do:
+    split the model over more pipeline stages (each holds a part), or ask for more."""
+    states = slurm.step_states(job_id)
+    if "OUT_OF_MEMORY" not in states.values():
+        return None
+    split = (f"split the model with --pipeline {cfg.pipeline * 2} --model deep"
+             if cfg.model == "deep" or cfg.pipeline > 1 else "use a smaller --batch-size")
+    return (f"out of memory: Slurm's cgroup killed a task of job {job_id} for using more memory "
+            f"than it holds (OUT_OF_MEMORY); {split}, or give each task more memory")
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
@@ -162,6 +190,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if any(j["state"] != "COMPLETED" for j in jobs.values()):
         _emit({"jobs": jobs}, args.json, json.dumps({"jobs": jobs}, indent=2))
         return 1
+    for job_id, job in jobs.items():
+        run = Path(job["out"])
+        _results_or_fail(job_id, job["state"], run, report.run_summary(run))
     _report([out], args.scaling, out / "scaling.png", args.json)
     return 0
 

@@ -3,16 +3,22 @@
 Inside a Slurm task the rank layout comes from submitit's
 ``TorchDistributedEnvironment`` (which parses Slurm's variables and node lists);
 under torchrun the agent has already exported RANK/WORLD_SIZE/MASTER_*.
-``python -m pyhpc.dist SCRIPT|-m MODULE [ARGS]`` exports the variables, then runs
-the program, so scripts written for torchrun also run under plain srun.
+``python -P -m pyhpc.dist SCRIPT|-m MODULE [ARGS]`` exports the variables, then runs
+the program, so scripts written for torchrun also run under plain srun. The job
+templates start it with ``-P``: the directory the task runs in is not on the import path
+(another user may be able to write there); :func:`import_path` puts back only what the
+program needs and can trust.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+from pyhpc import files
 from pyhpc.dist import device
 
 
@@ -94,14 +100,31 @@ def teardown(timeout_s: float = 60.0) -> None:
         store.set(f"pyhpc/teardown/{rank}", "done")
 
 
+def import_path(argv: list[str], cwd: Path) -> list[str]:
+    """The directories :func:`main` puts first on the import path for ``argv``: a script's
+    own directory (as ``python SCRIPT`` does); for ``-m MODULE`` the working directory,
+    only when it passes the one check (:func:`pyhpc.files.safe_dir`: the user's alone)."""
+    if argv[0] != "-m":
+        return [os.path.dirname(os.path.abspath(argv[0]))]
+    try:
+        return [str(files.safe_dir(cwd, arg="cwd", writable=False))]
+    except files.FileError:
+        return []
+
+
 def main(argv: list[str]) -> None:
     """Run a script or ``-m module`` with the torch.distributed variables exported."""
     if not argv:
         sys.exit("usage: python -m pyhpc.dist SCRIPT|-m MODULE [ARGS...]")
+    if argv[0] == "-m" and len(argv) < 2:
+        sys.exit("pyhpc.dist: -m needs a module name")
+    sys.path[:0] = import_path(argv, Path.cwd())
     export_env()
     if argv[0] == "-m":
-        if len(argv) < 2:
-            sys.exit("pyhpc.dist: -m needs a module name")
+        if importlib.util.find_spec(argv[1].split(".")[0]) is None:
+            sys.exit(f"pyhpc.dist: no module named {argv[1].split('.')[0]!r} on the import "
+                     f"path; the working directory {os.getcwd()} is on it only when nobody "
+                     "else can write it: install your code or set PYTHONPATH")
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:

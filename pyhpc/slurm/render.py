@@ -1,13 +1,14 @@
 """Render the batch-job templates in slurm/jobs/ into sbatch scripts.
 
-Jinja2 with StrictUndefined: a variable the template needs but was not given, or
-one given that no template uses, is an error naming it. Every value printed with
-``{{ }}`` is shell-quoted (the ``q`` filter, and a finalizer that quotes anything
-that was not), and ``#SBATCH`` lines come from :func:`sbatch_lines`, sorted by key,
-so the same inputs give the same bytes.
+Jinja2's sandbox (a template is text, never code that runs) with StrictUndefined: a
+variable the template needs but was not given, or one given that no template uses, is an
+error naming it. Every value printed with ``{{ }}`` is shell-quoted (the ``q`` filter,
+and a finalizer that quotes anything that was not), and ``#SBATCH`` lines come from
+:func:`sbatch_lines`, sorted by key, so the same inputs give the same bytes.
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
@@ -16,8 +17,10 @@ from typing import Any
 
 import jinja2
 from jinja2 import meta, nodes
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pyhpc import paths, validate
+from pyhpc import files, paths, validate
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError, echo
 from pyhpc.slurm import jobspec
@@ -176,10 +179,21 @@ def _finalize(value: Any) -> Any:
     return value if isinstance(value, Quoted) else q(value)
 
 
-def environment(cluster: Cluster, search: Iterable[Path] = ()) -> jinja2.Environment:
-    """The Jinja2 environment used for every job template."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([*map(str, search), str(paths.SLURM_JOBS)]),
+def environment(cluster: Cluster, own: Path | None = None,
+                source: str = "") -> jinja2.Environment:
+    """The Jinja2 environment of every job template: sandboxed (a template can call no
+    Python beyond the filters and globals below, nor reach an object's internals), so
+    rendering a colleague's template only ever prints text. Templates load from
+    slurm/jobs/; ``own`` (a user's template, named by its path) is one more template, under
+    its absolute path, with ``source`` as its text: it may extend or include the shipped
+    ones, and a shipped name always means the shipped template."""
+    loaders: list[jinja2.BaseLoader] = [jinja2.FileSystemLoader(str(paths.SLURM_JOBS))]
+    if own is not None:
+        key = str(own)
+        loaders.insert(0, jinja2.FunctionLoader(
+            lambda name: (source, None, lambda: True) if name == key else None))
+    env = ImmutableSandboxedEnvironment(
+        loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -207,16 +221,34 @@ def available() -> list[str]:
     return sorted(p.name[: -len(SUFFIX)] for p in paths.SLURM_JOBS.glob(f"*{SUFFIX}"))
 
 
-def _resolve(template: str) -> tuple[str, list[Path]]:
-    """Template name for the loader, plus an extra search dir for a template given by path."""
-    path = Path(template)
-    if path.suffix == ".j2" and path.is_file():
-        return path.name, [path.resolve().parent]
+#: Largest template file of a user's that is read.
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def _resolve(template: str) -> tuple[str, Path | None, str]:
+    """The loader's name for ``template``, and for a user's template its path and text.
+
+    A shipped name (``single``, ``single.sbatch.j2``) always means the shipped template,
+    whatever files the current directory holds; any other template is used only when
+    named by a path (``./mine.sbatch.j2``, with a '/'), and is read once, as a regular file.
+    """
     name = template if template.endswith(SUFFIX) else template + SUFFIX
-    if not (paths.SLURM_JOBS / name).is_file():
-        raise RenderError(f"template: unknown template {echo(template)}; "
-                          f"available: {', '.join(available())}")
-    return name, []
+    if "/" not in template:
+        if not (paths.SLURM_JOBS / name).is_file():
+            raise RenderError(f"template: unknown template {echo(template)}; available: "
+                              f"{', '.join(available())} (a template of your own: name its "
+                              "path, e.g. ./mine.sbatch.j2)")
+        return name, None, ""
+    if not template.endswith(".j2"):
+        raise RenderError(f"template: {echo(template)} is not a template; a template of "
+                          "your own is a file whose name ends in .j2")
+    own = Path(os.path.abspath(template))
+    try:
+        data = files.read_bytes(own, MAX_TEMPLATE_BYTES, "template")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RenderError(f"template: {echo(template)} is not UTF-8 text") from None
+    return str(own), own, text
 
 
 def variables(env: jinja2.Environment, name: str) -> set[str]:
@@ -243,32 +275,36 @@ def variables(env: jinja2.Environment, name: str) -> set[str]:
 
 def render(template: str, values: Mapping[str, Any], cluster: Cluster) -> str:
     """Render ``template`` (a name in slurm/jobs/ or a path) with ``values``."""
-    name, search = _resolve(template)
-    env = environment(cluster, search)
+    name, own, source = _resolve(template)
+    env = environment(cluster, own, source)
+    label = Path(name).name  # a user's template by its file name, as a shipped one
     try:
         allowed = variables(env, name)
         for key in sorted(values):
             if key not in allowed:
                 shown = key if key.isidentifier() and len(key) <= 40 else echo(key)
-                raise RenderError(f"{shown}: unknown variable for template {name!r}; "
+                raise RenderError(f"{shown}: unknown variable for template {label!r}; "
                                   f"allowed: {', '.join(sorted(allowed))}")
         checked = check_values(values)
         return env.get_template(name).render(checked)
     except jinja2.UndefinedError as exc:
         match = re.search(r"'([^']+)' is undefined", str(exc))
         var = match.group(1) if match else str(exc)
-        raise RenderError(f"{var}: missing variable for template {name!r}; "
+        raise RenderError(f"{var}: missing variable for template {label!r}; "
                           f"set it with --set {var}=VALUE") from None
     except jinja2.TemplateSyntaxError as exc:
-        raise RenderError(f"template: {exc.filename or name}:{exc.lineno}: "
+        raise RenderError(f"template: {exc.filename or label}:{exc.lineno}: "
                           f"{exc.message}") from None
     except jinja2.TemplateNotFound as exc:
-        raise RenderError(f"template: {name!r} includes {exc.name!r}, which does not "
+        raise RenderError(f"template: {label!r} includes {exc.name!r}, which does not "
                           "exist") from None
+    except SecurityError as exc:
+        raise RenderError(f"template: {label!r} tried what a template may not "
+                          f"({echo(str(exc))}); templates only print text") from None
     except PyhpcError:
         raise
     except Exception as exc:  # raised by a user's template while rendering
-        raise RenderError(f"template: {name!r} failed while rendering "
+        raise RenderError(f"template: {label!r} failed while rendering "
                           f"({type(exc).__name__}: {echo(str(exc))})") from None
 
 

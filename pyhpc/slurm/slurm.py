@@ -284,6 +284,18 @@ def accounting(job_ids: Sequence[str]) -> list[JobRow]:
                                                  "-j", ids], sacct_rows), job_ids)
 
 
+def step_states(job_id: str) -> dict[str, str]:
+    """Each record of one job in accounting, its steps included (``4242``, ``4242.batch``,
+    ``4242.0``), with its state's first word: ONE sacct call."""
+    proc = run(["sacct", "-n", "-P", "-o", "JobID,State", "-j", job_id], check=False)
+    out = {}
+    for line in proc.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) == 2 and fields[0].split(".")[0] == job_id and fields[1].split():
+            out[fields[0]] = fields[1].split()[0]
+    return out
+
+
 def nodes() -> dict[str, str]:
     """Node name to its short state (``idle``, ``mix``, ``down*``...), from sinfo."""
     proc = run(["sinfo", "--noheader", "--Node", "--format=%N %t"])

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import itertools
 import os
 import re
-import stat
+import shlex
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,13 +85,47 @@ def _refused(text: str, cluster: Cluster) -> SubmitError:
     return SubmitError(plain or f"sbatch: {lines[-1] if lines else 'refused the job'}", "sbatch")
 
 
+#: Parts of a submitit folder that Slurm or submitit fill in per job.
+JOB_TAGS = ("%j", "%t", "%A", "%a")
+
+
+def job_folder(folder: str | Path) -> Path:
+    """The submitit ``folder`` with its per-job part under a directory that passed the one
+    check (:func:`pyhpc.files.make_dir`: the user's alone, created private): nobody else
+    can plant a job's pickle there before submitit writes it, or read it after."""
+    parts = Path(folder).parts
+    fixed = [p for p in itertools.takewhile(lambda p: not any(t in p for t in JOB_TAGS), parts)]
+    root = files.make_dir(Path(*fixed) if fixed else Path("."), arg="folder")
+    return root.joinpath(*parts[len(fixed):])
+
+
+def job_python() -> str:
+    """The interpreter line of every submitit task: this Python with ``-P``, so the
+    directory the job runs in is never on its import path (submitit starts tasks with
+    ``python -m``, which would put it first). Your own modules come from PYTHONPATH or
+    an installed package; :func:`job_setup` adds the submit directory when it is yours."""
+    return f"{shlex.quote(sys.executable)} -P"
+
+
+def job_setup() -> list[str]:
+    """Lines the batch script runs before its tasks: the submit directory on PYTHONPATH
+    only when it passes the one check (the user's alone), as ``python -m`` had it."""
+    here = Path.cwd()
+    try:
+        files.safe_dir(here, arg="cwd", writable=False)
+    except files.FileError:
+        return []
+    return [f"export PYTHONPATH={shlex.quote(str(here))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+
+
 def _executor(spec: JobSpec, folder: str | Path) -> Any:
     """A submitit executor for ``spec``, which :func:`~pyhpc.slurm.jobspec.check` has checked."""
     import submitit
 
-    files.make_dir(Path(folder).parent, arg="folder")
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    executor = submitit.AutoExecutor(folder=job_folder(folder), cluster="slurm",
+                                     slurm_python=job_python())
     executor.update_parameters(**jobspec.submitit_parameters(spec),
+                               slurm_setup=job_setup(),
                                slurm_additional_parameters={"requeue": True})
     return executor
 
@@ -103,7 +139,8 @@ def submit_spec(call: Callable[..., Any], spec: JobSpec, folder: str | Path, clu
 
     executor = _executor(spec, folder)
     try:
-        return executor.submit(call, *args, **(kwargs or {}))
+        with files.private_umask():  # the job's folder and files, and Slurm's logs
+            return executor.submit(call, *args, **(kwargs or {}))
     except submitit.core.utils.FailedJobError as exc:
         raise _refused(str(exc), cluster) from None
 
@@ -148,7 +185,8 @@ def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], nodes: int = 1,
     width = int(validate.number("parallelism", parallelism, 1, 100000, error=SubmitError))
     executor.update_parameters(slurm_array_parallelism=width)
     try:
-        return list(executor.map_array(fn, items))
+        with files.private_umask():
+            return list(executor.map_array(fn, items))
     except submitit.core.utils.FailedJobError as exc:
         raise _refused(str(exc), the_cluster) from None
 
@@ -205,15 +243,11 @@ def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster |
 def write_script(text: str, name: str, folder: Path = DEFAULT_FOLDER / "scripts") -> Path:
     """Save a rendered script under a content-addressed name, so it can be read later.
 
-    The folder is private and must be the caller's own; the file is written afresh
+    The folder must pass the one check (the caller's alone); the file is written afresh
     (atomically, replacing whatever was there, link or not) unless it already holds
     exactly ``text``, so a planted file of the same name is never what gets submitted.
     """
-    files.make_dir(folder, arg="folder")
-    info = folder.stat()
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise SubmitError(f"folder: {folder} is writable by others; scripts are kept only "
-                          "in a folder of your own")
+    folder = files.make_dir(folder, arg="folder")
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     safe = validate.name("template", name, "job", error=SubmitError)
     path = folder / f"{safe}-{digest}.sbatch"
@@ -225,21 +259,22 @@ def write_script(text: str, name: str, folder: Path = DEFAULT_FOLDER / "scripts"
 def _holds(path: Path, text: str) -> bool:
     """Whether ``path`` is a regular file (not a link) of ours holding exactly ``text``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+        with files.open_regular(path) as fh:
+            if os.fstat(fh.fileno()).st_uid != os.getuid():
+                return False
+            return fh.read(len(text.encode()) + 1) == text.encode()
+    except files.FileError:
         return False
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            return False
-        return fh.read(len(text.encode()) + 1) == text.encode()
 
 
 def target_kind(target: str) -> str:
-    """What ``pyhpc submit TARGET`` names: a template, a script file or module:function."""
+    """What ``pyhpc submit TARGET`` names: a template, a script file or module:function.
+    A shipped template's name always means the template, whatever the directory holds."""
+    if target.removesuffix(render.SUFFIX) in render.available() and "/" not in target:
+        return "template"
     if Path(target).is_file() and not target.endswith(".j2"):
         return "script"
-    if target.endswith(".j2") or target in render.available():
+    if target.endswith(".j2"):
         return "template"
     if FUNCTION_RE.fullmatch(target):
         return "function"

@@ -13,12 +13,12 @@ import argparse
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, get_type_hints
 
-from pyhpc import validate
+from pyhpc import files, validate
 from pyhpc.dist.device import DEVICES, PRECISIONS
 from pyhpc.errors import PyhpcError, echo
-from pyhpc.files import check_out
 
 MODES = ("digits", "synthetic")
 #: auto: the mode's model (LeNet, or the wider CNN); deep: the very deep residual CNN on
@@ -148,6 +148,15 @@ def _check_out_text(value: object) -> str:
         raise TrainError(f"out: must be a directory path (at most {MAX_OUT_LEN} characters), "
                          f"got {echo(value)}", "out")
     return value
+
+
+def check_out(path: str | os.PathLike[str], arg: str = "out") -> Path:
+    """``path`` resolved, if it is a run directory pyhpc may create or write in and later
+    read back from; creates nothing. The one check of :func:`pyhpc.files.safe_dir`: a
+    file or link where the directory belongs, a directory that is not the user's alone
+    (or under one another user could replace), or one the user cannot write in, is one
+    :class:`~pyhpc.files.FileError` line."""
+    return files.safe_dir(path, arg)
 
 
 def names() -> tuple[str, ...]:

@@ -157,15 +157,10 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint at ``path``, read with ``weights_only=True``: tensors, dicts, lists,
     numbers and strings come back, nothing in the file is executed. A link, a planted
     pickle, garbage or the wrong shape is one :class:`TrainError` naming the file."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise _not_a_checkpoint(path, f"cannot open it: {exc.strerror}; a symlink is never "
-                                      "followed") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise _not_a_checkpoint(path, "not a regular file")
+    fh, why = files.try_open_regular(path)  # never blocks on a planted FIFO
+    if fh is None:
+        raise _not_a_checkpoint(path, why)
+    with fh:
         try:
             # On the CPU first: a checkpoint written on a GPU resumes on any device.
             state = torch.load(fh, weights_only=True, map_location="cpu")
@@ -316,6 +311,10 @@ def prepare(cfg: TrainConfig) -> Prepared:
     _check_appends(out)
     ckpt_path = out / CHECKPOINT
     state = load_checkpoint(ckpt_path) if os.path.lexists(ckpt_path) else None
+    if state is not None and state["epoch"] + 1 >= cfg.epochs:
+        raise TrainError(f"out: {ckpt_path} has already trained {state['epoch'] + 1} of "
+                         f"{cfg.epochs} epochs; nothing left to train (use a new --out, or "
+                         "more --epochs)", "out")
     return Prepared(cfg, out, state, place)
 
 

@@ -12,8 +12,6 @@ import csv
 import io
 import json
 import math
-import os
-import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -248,10 +246,11 @@ def _summary(row: object, where: str) -> Summary:
 def read_jsonl(path: Path) -> list[Summary]:
     """Summaries written by :func:`write_jsonl`. A file that is not text, a line that is
     not JSON, a record of the wrong shape or types: one MetricsError naming file:line."""
+    fh, why = files.try_open_regular(path)  # a planted FIFO never hangs the reader
+    if fh is None:
+        raise MetricsError(f"{path}: {why}", str(path))
     try:
-        with path.open("rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise MetricsError(f"{path}: not a regular file", str(path))
+        with fh:
             data = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise MetricsError(f"{path}: cannot read ({exc.strerror})", str(path)) from None

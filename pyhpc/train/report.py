@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -178,12 +179,16 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
     ``epochs_to_train`` also ``time-to-train.png`` beside the scaling plot.
     Everything is read and checked before anything is written: a bad ``scaling``, a bad
     metrics file (:class:`~pyhpc.train.metrics.MetricsError` naming file:line) or a bad ``png``
-    (:class:`~pyhpc.files.FileError`) leaves no file and no directory behind.
+    (:class:`~pyhpc.files.FileError`: also a directory others can write, see
+    :func:`pyhpc.files.safe_dir`) leaves no file and no directory behind.
     """
     if scaling not in metrics.SCALING:
         raise metrics.MetricsError(f"scaling: {scaling!r} is not allowed; allowed: "
                                    f"{', '.join(metrics.SCALING)}", "scaling")
     target = png_path(dirs, png)
+    # The plot's directory passes the one check (a link to one counts as where it points).
+    parent = target.parent
+    files.safe_dir(os.path.realpath(parent) if parent.is_symlink() else parent, "png")
     runs = metrics.efficiency(collect(dirs), scaling)
     if epochs_to_train is not None:
         for run in runs:  # every run must have what the plot needs, before any is written
@@ -196,8 +201,11 @@ def write_report(dirs: Sequence[Path], scaling: str, png: Path | None,
 
 def _history(out: Path) -> list[dict[str, Any]]:
     """history.json of a run (one record per epoch); [] when it is missing or unreadable."""
+    fh, _ = files.try_open_regular(out / "history.json")  # never blocks on a FIFO
+    if fh is None:
+        return []
     try:
-        with (out / "history.json").open("rb") as fh:
+        with fh:
             data = json.loads(fh.read(HISTORY_LIMIT + 1)[:HISTORY_LIMIT])
     except (OSError, ValueError):
         return []
@@ -207,7 +215,8 @@ def _history(out: Path) -> list[dict[str, Any]]:
 def run_summary(out: Path) -> dict[str, Any]:
     """What a researcher wants after a training run, from its directory: final accuracy
     and loss, throughput, step times, and where the files are."""
-    runs = metrics.read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    present = os.path.lexists(out / "metrics.jsonl")
+    runs = metrics.read_jsonl(out / "metrics.jsonl") if present else []
     history = _history(out)
     last = history[-1] if history else {}
     # A pipelined run commits each epoch in pipeline.json (its stages' files beside it).
@@ -241,6 +250,28 @@ def _pipeline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                          f"micro-batches ({summary.get('schedule', '-')})"),
             ("stage memory", f"{memory} (peak, per stage)"),
             ("bubble", f"{bubble} (per stage; equal stages: {summary.get('bubble_theory', '-')})")]
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def missing_results(out: Path, summary: dict[str, Any]) -> str | None:
+    """Why a run that Slurm calls COMPLETED has nothing to show, or None when it has: no
+    epoch trained, or no metrics record or checkpoint (a regular file; a pipelined run's
+    is its commit record) in its directory."""
+    lacking = [*([] if summary["epochs"] else ["0 epochs trained"]),
+               *(f"no {Path(path).name}" for path in (summary["metrics"], summary["checkpoint"])
+                 if not _regular(Path(path)))]
+    if "samples_per_s" not in summary and _regular(out / "metrics.jsonl"):
+        lacking.append("no metrics record")
+    if lacking:
+        return (f"out: the job ended COMPLETED but left no results in {out} "
+                f"({', '.join(lacking)})")
+    return None
 
 
 def summary_text(summary: dict[str, Any]) -> str:

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc.cluster import Cluster
-from pyhpc.files import check_out
-from pyhpc.slurm import watch
+from pyhpc.slurm import jobspec, watch
 from pyhpc.slurm.jobspec import JobSpec, JobSpecError, check
-from pyhpc.slurm.submit import submit_spec
-from pyhpc.train.config import TrainConfig, TrainError, check_steps
+from pyhpc.slurm.submit import DEFAULT_FOLDER, cluster_or_default, submit_spec
+from pyhpc.train.config import TrainConfig, TrainError, check_out, check_steps, from_mapping
 
 SCALING = ("weak", "strong")
 
@@ -58,6 +57,23 @@ def submit_run(cfg: TrainConfig, spec: JobSpec, folder: str, cluster: Cluster) -
     checked = run_spec(spec, cfg, cluster)
     check_run(cfg, checked)
     return submit_spec(_trainer(cfg), checked, folder, cluster)
+
+
+def submit_training(*, nodes: int = 1, tasks_per_node: int | None = None, gpus_per_node: int = 0,
+                    cpus_per_task: int | None = None, partition: str | None = None,
+                    time: str = jobspec.DEFAULT_TIME, job_name: str | None = None,
+                    folder: str = str(DEFAULT_FOLDER / "%j"), cluster: Cluster | None = None,
+                    **options: Any) -> Any:
+    """The Python API of ``pyhpc train``: the job spec's names for the resources and the
+    same names as its options (``out``, ``model``, ``layers``, ``pipeline``, ``epochs``...)
+    for the run, checked as the CLI checks them; returns the submitit job.
+    ``pyhpc.submit_training(out="runs/deep", model="deep", layers=400, pipeline=2, nodes=2)``."""
+    spec = JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
+                   cpus_per_task=cpus_per_task, partition=partition, time=time, job_name=job_name)
+    out = options.get("out")
+    if isinstance(out, (str, Path)):
+        options["out"] = str(Path(out).resolve())
+    return submit_run(from_mapping(options), spec, folder, cluster_or_default(cluster))
 
 
 def plan(base: TrainConfig, nodes: list[int], batches: list[int], scaling: str,

@@ -147,16 +147,18 @@ def test_single_node_template_runs_one_task_per_gpu(work: Path) -> None:
     assert len(row["nodes"].split(",")) == 1 and row["nodes"].startswith("gpu")
 
 
-def test_jupyter_template_prints_the_ssh_tunnel(work: Path) -> None:
-    # `echo` stands in for JupyterLab (not part of the job runtime): the job prints the
-    # tunnel command, then "starts" the server with the arguments it would get.
+def test_jupyter_job_prints_no_tunnel_for_a_server_that_never_listens(work: Path) -> None:
+    # `echo` stands in for a server that never listens: it exits at once. The job fails
+    # with one line and never names a port (nothing there is the researcher's server).
     proc = pyhpc(work, "submit", "jupyter", "--set", "jupyter=echo started", "--set",
-                 "port=8899", "--set", "login_host=login.example.org", "--wait", "--json")
+                 "port=8899", "--set", "login_host=login.example.org", "--wait", "--json",
+                 check=False)
     job = json.loads(proc.stdout)["job_id"]
-    assert json.loads(proc.stdout)["state"] == "COMPLETED"
+    assert proc.returncode == 1 and json.loads(proc.stdout)["state"] == "FAILED"
     log = pyhpc(work, "logs", job).stdout
-    # The lab's nodes all have NodeAddr=127.0.0.1: the server binds that, never 0.0.0.0.
-    assert f"ssh -N -L 8899:127.0.0.1:8899 {RESEARCHER}@login.example.org" in log
+    assert "ssh -N -L" not in log and "127.0.0.1:8899" not in log
+    assert ("pyhpc: error: jupyter: the server exited with status 0 before it listened "
+            "(a port it could not take?)") in log
     state = work.parent.parent / ".pyhpc" / "jupyter"
     token = (state / f"{job}.token").read_text().strip()
     assert len(token) == 48 and token not in log
@@ -179,16 +181,15 @@ def test_jupyterlab_answers_with_its_token_and_refuses_without(work: Path) -> No
     token_file = work.parent.parent / ".pyhpc" / "jupyter" / f"{job}.token"
     base = f"http://127.0.0.1:{port}/api/status"
     try:
-        deadline, status = time.monotonic() + 180, 0
-        while status != 200:
-            assert time.monotonic() < deadline, f"JupyterLab of job {job} never answered"
+        # The token goes only where the job log says its own server listens (checked by
+        # the job), never to the port asked for before that.
+        deadline, log = time.monotonic() + 180, ""
+        while "ssh -N -L" not in log:
+            assert time.monotonic() < deadline, f"JupyterLab of job {job} never listened"
             time.sleep(1)
-            if token_file.exists():
-                token = token_file.read_text().strip()
-                try:
-                    status = _http_status(f"{base}?token={token}")
-                except OSError:  # not listening yet
-                    status = 0
+            log = pyhpc(work, "logs", job, check=False).stdout
+        token = token_file.read_text().strip()
+        assert _http_status(f"{base}?token={token}") == 200
         assert token_file.stat().st_mode & 0o777 == 0o600
         assert _http_status(base) == 403
         assert _http_status(f"{base}?token={'0' * len(token)}") == 403

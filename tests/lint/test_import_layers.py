@@ -12,7 +12,7 @@ from pyhpc import paths
 PACKAGE = paths.ROOT / "pyhpc"
 #: Top to bottom. A module may import from its own folder or from a layer below its own.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "__main__", "container_run"),  # entry points: the API, python -m names
+    ("__init__", "__main__", "container_run", "jupyter"),  # entry points: the API, python -m names
     ("cli",),
     ("train", "bench", "admin", "containers"),  # the domain
     ("slurm",),

@@ -234,3 +234,16 @@ def test_scale_carries_cpus_per_task_to_every_point(slurm, monkeypatch, tmp_path
 
 def _submitted_script_last(slurm) -> str:
     return Path([c for c in slurm.tool_calls if c.startswith("sbatch")][-1].split()[-1]).read_text()
+
+
+def test_a_training_job_killed_for_memory_is_one_line_that_suggests_a_pipeline(fake_slurm, tmp_path) -> None:
+    from pyhpc.cli import jobs
+    from pyhpc.train.config import TrainConfig
+
+    fake_slurm.answers["sacct"] = (0, "180|FAILED\n180.batch|FAILED\n180.0|OUT_OF_MEMORY\n")
+    why = jobs.out_of_memory("180", TrainConfig(out=str(tmp_path), model="deep", layers=200))
+    assert why == ("out of memory: Slurm's cgroup killed a task of job 180 for using more memory than "
+                   "it holds (OUT_OF_MEMORY); split the model with --pipeline 2 --model deep, or give "
+                   "each task more memory")
+    fake_slurm.answers["sacct"] = (0, "181|FAILED\n181.0|FAILED\n")
+    assert jobs.out_of_memory("181", TrainConfig(out=str(tmp_path))) is None

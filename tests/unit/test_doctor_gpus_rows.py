@@ -78,7 +78,9 @@ def test_check_step_holds_every_gpu_of_the_node_on_its_partition(cluster, capsys
     first = steps[0]
     for arg in ("--nodelist=gpu1", "--nodes=1", "--ntasks=1", "--gres=gpu:2", "--partition=gpu"):
         assert arg in first
-    assert first[-3:] == [str(doctor.PYTHON), "-m", "pyhpc.admin.gpucheck"]
+    # Root's step: isolated (no directory of the step's on the import path), run from /.
+    assert first[-4:] == [str(doctor.PYTHON), "-I", "-m", "pyhpc.admin.gpucheck"]
+    assert "--chdir=/" in first and not any(a.startswith("--chdir=/tmp") for a in first)
     assert str(doctor.PYTHON) == "/opt/pyhpc/venv/bin/python"
 
 

@@ -123,7 +123,8 @@ def test_3_a_scripts_folder_others_can_write_is_refused(tmp_path: Path, slurm, l
     folder = tmp_path / "pyhpc-jobs" / "scripts"
     folder.mkdir(parents=True)
     folder.chmod(0o777)
-    with pytest.raises(Exception, match=r"^folder: .* is writable by others"):
+    with pytest.raises(Exception, match=r"^folder: refusing .*: .*scripts is writable by every "
+                                        r"user \(mode 0777\); pyhpc writes and reads back only"):
         submit_template("single", {"command": "true"}, lab)
     assert slurm.calls == [] and list(folder.iterdir()) == []
 
@@ -234,7 +235,9 @@ def test_12_jupyter_binds_the_node_address_and_keeps_the_token_private(lab) -> N
     text = render.render("jupyter", {}, lab)
     assert "--ip=0.0.0.0" not in text and '--ip="$ADDR"' in text
     assert "umask 077" in text and "JUPYTER_TOKEN" in text
-    assert '>"$STATE/$SLURM_JOB_ID.log" 2>&1' in text  # the server's URL+token stays private
+    # The server starts under pyhpc.jupyter: its log (URL and token) goes to the private
+    # state directory, and the tunnel is printed for the port it verified.
+    assert "-P -m pyhpc.jupyter " in text and 'JUPYTER_RUNTIME_DIR="$STATE/' in text
 
 
 @pytest.mark.parametrize(("source", "message"), [

@@ -211,5 +211,5 @@ def test_records_read_back_keep_extras_nulls_and_unknown_keys_ignored(tmp_path: 
 def test_a_device_or_directory_is_not_read_as_metrics(tmp_path: Path) -> None:
     with pytest.raises(metrics.MetricsError, match=r"^/dev/zero: not a regular file$"):
         metrics.read_jsonl(Path("/dev/zero"))
-    with pytest.raises(metrics.MetricsError, match=r": cannot read \(Is a directory\)$"):
+    with pytest.raises(metrics.MetricsError, match=r": not a regular file$"):
         metrics.read_jsonl(tmp_path)

@@ -146,10 +146,11 @@ def test_container_hook_extends_the_srun_template(lab: cluster.Cluster, tmp_path
     child = tmp_path / "container.sbatch.j2"
     child.write_text('{% extends "ddp-srun.sbatch.j2" %}\n'
                      '{% block launch_prefix %}podman run --rm {{ image|q }} {% endblock %}\n')
-    assert "image" in render.variables(render.environment(lab, [tmp_path]), child.name)
+    env = render.environment(lab, child, child.read_text())
+    assert "image" in render.variables(env, str(child))
     text = render.render(str(child), {"module": "pyhpc.train", "image": "lab/torch:1"}, lab)
     assert re.search(r"^srun --kill-on-bad-exit=1 podman run --rm lab/torch:1 "
-                     r"/opt/pyhpc/venv/bin/python -m pyhpc.dist -m pyhpc.train$", text, re.M)
+                     r"/opt/pyhpc/venv/bin/python -P -m pyhpc.dist -m pyhpc.train$", text, re.M)
 
 
 def test_srun_template_has_the_launch_prefix_block_before_python() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from pyhpc import files
 from pyhpc.errors import PyhpcError
 from pyhpc.files import FileError
 from pyhpc.paths import ROOT
@@ -119,7 +118,7 @@ def test_out_naming_a_file_or_a_path_under_a_file_is_refused_up_front(tmp_path: 
              (afile / "run", f"out: {afile / 'run'} is under a file, not a directory"),
              (afile / "a" / "b", f"out: {afile / 'a' / 'b'} is under a file, not a directory")]
     for out, message in cases:
-        for check in (lambda o: files.check_out(o),
+        for check in (lambda o: trainconfig.check_out(o),
                       lambda o: trainconfig.from_mapping({"out": str(o)})):
             with pytest.raises(FileError) as exc:
                 check(out)
@@ -132,7 +131,7 @@ def test_out_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     with pytest.raises(FileError, match="^out: .*link is a symbolic link; name the directory"):
-        files.check_out(tmp_path / "link")
+        trainconfig.check_out(tmp_path / "link")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="runs as root here, and root may write in any "
@@ -141,13 +140,13 @@ def test_out_in_a_directory_this_user_cannot_write_is_refused(tmp_path: Path) ->
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     with pytest.raises(FileError, match="^out: cannot create directory .*permission denied"):
-        files.check_out(locked / "run")
+        trainconfig.check_out(locked / "run")
 
 
 def test_an_existing_or_creatable_directory_is_accepted_and_nothing_is_created(
         tmp_path: Path) -> None:
-    assert files.check_out(tmp_path) == tmp_path
-    assert files.check_out(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert trainconfig.check_out(tmp_path) == tmp_path
+    assert trainconfig.check_out(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert list(tmp_path.iterdir()) == []
 
 
