@@ -57,13 +57,13 @@ integration: venv lab-up ## Integration tests against the lab cluster.
 DEPLOY_LOG ?= .deploy/deploy.log
 ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e pyhpc_cluster_file=$(abspath $(CLUSTER))
 
+# site.yml's first play validates the definition (the deploy's one check) before any host changes.
 deploy: venv ## Deploy the lab (or INVENTORY=dir for a real cluster; CLUSTER=file overrides its cluster.yml).
-	$(PY) -m pyhpc cluster validate $(CLUSTER)
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	@echo "=== make deploy INVENTORY=$(INVENTORY) CLUSTER=$(CLUSTER) ($$(date -u +%FT%TZ))" >> $(DEPLOY_LOG)
 	$(ANSIBLE_PLAYBOOK) $(ANSIBLE_FLAGS) ansible/site.yml 2>&1 | tee -a $(DEPLOY_LOG)
 
-undeploy: venv ## Stop every pyhpc daemon; PURGE=1 also purges packages, state, database, keys, /opt/pyhpc/{venv,src}.
+undeploy: venv ## Every role absent: stop every pyhpc daemon; PURGE=1 also removes packages, state, database, keys, /opt/pyhpc/{venv,src}.
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	$(ANSIBLE_PLAYBOOK) -e pyhpc_purge=$(if $(PURGE),true,false) $(ANSIBLE_FLAGS) ansible/undeploy.yml 2>&1 | tee .deploy/undeploy.log
 
@@ -77,24 +77,24 @@ lab-up: venv ## Bring the lab up (an idempotent deploy of the lab inventory).
 	$(MAKE) --no-print-directory deploy INVENTORY=ansible/inventories/lab CLUSTER=ansible/inventories/lab/cluster.yml
 
 bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages alone, and an idempotent re-run (purges the lab).
-	$(PY) bench/deploy.py
+	$(PY) -m benchmarks.deploy
 
 bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-run on 1-8 compute hosts (~30 min; restores it).
-	$(PY) bench/hostlab.py
+	$(PY) -m benchmarks.hostlab
 
-bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-up): bench/results/scale.json, docs/scale-*.png (~30 min; redeploys the lab).
-	$(PY) bench/scale.py
+bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-up): benchmarks/results/scale.json, docs/scale-*.png (~30 min; redeploys the lab).
+	$(PY) -m benchmarks.scale
 
-bench: venv lab-up ## Run the benchmarks on the lab; each writes bench/results/<name>.json.
-	/opt/pyhpc/venv/bin/python bench/containers.py --from-scratch
-	$(PY) bench/jobs.py
+bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/results/<name>.json.
+	$(PY) -m benchmarks.containers --from-scratch
+	$(PY) -m benchmarks.jobs
 	$(MAKE) --no-print-directory bench-deploy
 
 containers: venv ## Build the CPU framework image offline (podman) into /opt/pyhpc/images; a no-op when the spec is unchanged.
 	$(PY) -m pyhpc containers build --variant cpu
 
 clean: ## Remove caches and build outputs in this checkout (not the venv, the lab or images).
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build containers/build bench/work *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build containers/build benchmarks/work *.egg-info
 	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +
 
 purge: ## Same as `make undeploy PURGE=1`: stop daemons, purge packages, state, database and keys.

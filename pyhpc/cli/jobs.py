@@ -26,9 +26,10 @@ from pyhpc.slurm.jobspec import JobSpecError
 from pyhpc.train import config as trainconfig
 from pyhpc.train import metrics, report, sweep
 
-#: Flags of ``submit`` that set job spec fields (their names are the job spec's).
-RESOURCE_FLAGS = ("nodes", "tasks_per_node", "gpus_per_node", "partition", "time", "job_name",
-                  "array")
+#: Flags that set job spec fields: the job spec's names and help, one flag per field.
+RESOURCE_FLAGS = tuple(f.name for f in fields(jobspec.JobSpec))
+#: A training run or a benchmark is one job, never an array of them.
+ONE_JOB = tuple(f for f in RESOURCE_FLAGS if f != "array")
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -110,11 +111,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resources(args: argparse.Namespace, nodes: int = 1) -> Any:
-    values = {"nodes": nodes, "gpus_per_node": args.gpus_per_node, "time": args.time,
-              "tasks_per_node": args.tasks_per_node, "partition": args.partition}
-    checked = {k: jobspec.check_value(k, v) for k, v in values.items() if v is not None}
-    return sweep.Resources(**checked, folder=args.folder)
+def _spec(args: argparse.Namespace, **values: Any) -> jobspec.JobSpec:
+    """The job spec the flags ask for, unchecked: the domain checks it, once."""
+    given = {k: getattr(args, k) for k in ONE_JOB if getattr(args, k, None) is not None}
+    return jobspec.JobSpec(**{**given, **values})
 
 
 def _config(args: argparse.Namespace, out: Path, **overrides: Any) -> trainconfig.TrainConfig:
@@ -133,7 +133,7 @@ def _results_or_fail(job_id: str, state: str, out: Path, summary: dict[str, Any]
 
 def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out or f"pyhpc-runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg, res = _config(args, out), _resources(args, args.nodes)
+    cfg = _config(args, out)
     if args.local:
         from pyhpc.train import loop as train
 
@@ -142,11 +142,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                                          "stages need one each; submit the run (without --local)",
                                          "pipeline")
 
-        sweep.check_run(cfg, sweep.Resources(tasks_per_node=1), _cluster(), local=True)
+        sweep.check_run(cfg, sweep.run_spec(jobspec.JobSpec(tasks_per_node=1), cfg, _cluster()),
+                        local=True)
         summary = train.run(cfg)
         result: dict[str, Any] = {"out": str(out), "summary": summary.row() if summary else None}
     else:
-        job = sweep.submit_run(cfg, res, _cluster())
+        job = sweep.submit_run(cfg, _spec(args), args.folder, _cluster())
         result = {"job_id": str(job.job_id), "out": str(out)}
         if args.wait:
             result["state"] = _wait(result["job_id"], args)
@@ -185,8 +186,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     stages = _int_list("pipeline", args.pipeline)
     points = sweep.plan(_config(args, out, pipeline=stages[0]), _int_list("nodes", args.nodes),
                         _int_list("batch_sizes", args.batch_sizes), args.scaling,
-                        _resources(args), out, the_cluster, stages)
-    jobs = sweep.run(points, the_cluster, watch.interval(args.interval))
+                        _spec(args, nodes=1), out, the_cluster, stages)
+    jobs = sweep.run(points, args.folder, the_cluster, watch.interval(args.interval))
     if any(j["state"] != "COMPLETED" for j in jobs.values()):
         _emit({"jobs": jobs}, args.json, json.dumps({"jobs": jobs}, indent=2))
         return 1
@@ -219,23 +220,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = bench.BenchConfig(out=str(out.resolve()), device="cuda" if args.gpus else "auto",
                             max_bytes=args.max_bytes, matmul_size=args.matmul_size,
                             tests=bench.tests_list(args.tests), threads=args.threads)
-    result = bench_submit.run(cfg, _resources(args, args.nodes), _cluster(), args.wait, args.timeout)
+    result = bench_submit.run(cfg, _spec(args), args.folder, _cluster(), args.wait, args.timeout)
     text = (result["table"] + f"results: {result['json']}, {result['png']}"
             if "table" in result else json.dumps(result))
     _emit({k: v for k, v in result.items() if k != "table"}, args.json, text)
     return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
 
 
-def _resource_options(p: argparse.ArgumentParser, defaults: bool, sweep: bool = False) -> None:
-    if sweep:
-        p.add_argument("--nodes", default="1,2", help="comma-separated node counts")
-    else:
-        p.add_argument("--nodes", type=int, default=1 if defaults else None, help="nodes (>= 1)")
-    p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: one per GPU)")
-    p.add_argument("--gpus-per-node", type=int, default=0 if defaults else None,
-                   help="GPUs per node (the partition must have them)")
-    p.add_argument("--partition", help="partition (default: the cluster's default)")
-    p.add_argument("--time", help=f"time limit (default {jobspec.DEFAULT_TIME})")
+def _resource_options(p: argparse.ArgumentParser, flags: tuple[str, ...] = ONE_JOB,
+                      sweep: bool = False) -> None:
+    """One option per job spec field in ``flags``, with the field's help; ``sweep``: nodes
+    is a list."""
+    for f in fields(jobspec.JobSpec):
+        if f.name not in flags:
+            continue
+        option = "--" + f.name.replace("_", "-")
+        if f.name == "nodes" and sweep:
+            p.add_argument(option, default="1,2", help="comma-separated node counts")
+        elif f.name in jobspec.BOUNDS:
+            p.add_argument(option, type=int, help=f.metadata["help"])
+        else:
+            p.add_argument(option, metavar="SPEC" if f.name == "array" else None,
+                           help=f.metadata["help"])
     p.add_argument("--folder", default="pyhpc-jobs/%j", help="submitit folder (logs, pickles)")
 
 
@@ -260,12 +266,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("args", nargs="*", help="arguments for module:function")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="template variable (repeatable)")
-    _resource_options(p, defaults=False)
-    p.add_argument("--job-name", help="job name")
-    p.add_argument("--array", metavar="SPEC",
-                   help="a job array in one sbatch, e.g. 0-999%%50 (ids 0-999, at most 50 "
-                   "running); each task reads its id from SLURM_ARRAY_TASK_ID. Templates "
-                   "and scripts; for functions: pyhpc.submit_array")
+    _resource_options(p, RESOURCE_FLAGS)
     p.add_argument("--test-only", action="store_true", help="sbatch --test-only: submit nothing")
     _wait_options(p)
     p.set_defaults(func=cmd_submit)
@@ -288,7 +289,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("train", help="the reference workload (LeNet on digits, or synthetic)")
-    _resource_options(p, defaults=True)
+    _resource_options(p)
     trainconfig.add_arguments(p, skip=("out",))
     p.add_argument("--out", help="run directory (checkpoint, metrics)")
     p.add_argument("--local", action="store_true", help="run here, one process, no Slurm")
@@ -297,7 +298,7 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("scale", help="sweep node counts x batch sizes (x pipeline stages), "
                        "then report")
-    _resource_options(p, defaults=True, sweep=True)
+    _resource_options(p, sweep=True)
     trainconfig.add_arguments(p, skip=("out", "batch_size", "pipeline"))
     p.set_defaults(mode="synthetic", epochs=1)
     p.add_argument("--batch-sizes", default="32", help="comma-separated (per worker if weak)")
@@ -311,7 +312,7 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("bench", help="node and interconnect micro-benchmarks as a job: "
                        "copy bandwidth, all-reduce busbw, matmul TFLOP/s")
-    _resource_options(p, defaults=True)
+    _resource_options(p)
     p.add_argument("--gpus", action="store_true",
                    help="the GPU tests (NCCL, host<->device copies); default: the tasks' GPUs "
                    "where Slurm gives them, else the CPU. Without --gpus-per-node: every GPU "

@@ -22,23 +22,39 @@ class JobSpecError(PyhpcError):
     """A resource request the cluster cannot satisfy; the message names the argument."""
 
 
-def _bounds(low: int, high: int) -> dict[str, Any]:
-    return {"bounds": (low, high)}
+def _meta(help: str, low: int | None = None, high: int | None = None) -> dict[str, Any]:
+    return {"help": help, **({"bounds": (low, high)} if low is not None else {})}
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What a job asks Slurm for. ``partition=None`` means the cluster's default."""
+    """What a job asks Slurm for. ``partition=None`` means the cluster's default and
+    ``tasks_per_node=None`` one task per GPU (one without GPUs): :func:`check` fills both
+    in, so a checked spec is complete. Each field's help is the CLI's."""
 
-    nodes: int = field(default=1, metadata=_bounds(1, 4096))
-    tasks_per_node: int = field(default=1, metadata=_bounds(1, 1024))
-    gpus_per_node: int = field(default=0, metadata=_bounds(0, 64))
-    cpus_per_task: int | None = field(default=None, metadata=_bounds(1, 4096))
-    partition: str | None = None
-    time: str = DEFAULT_TIME
-    job_name: str | None = None
+    nodes: int = field(default=1, metadata=_meta("nodes (1 to 4096)", 1, 4096))
+    tasks_per_node: int | None = field(default=None, metadata=_meta(
+        "tasks per node (1 to 1024; default: one per GPU, one without GPUs)", 1, 1024))
+    gpus_per_node: int = field(default=0, metadata=_meta(
+        "GPUs per node (the partition must have them)", 0, 64))
+    cpus_per_task: int | None = field(default=None, metadata=_meta(
+        "CPUs per task (1 to 4096; default: Slurm's)", 1, 4096))
+    partition: str | None = field(default=None, metadata=_meta(
+        "partition (default: the cluster's default)"))
+    time: str = field(default=DEFAULT_TIME, metadata=_meta(f"time limit (default {DEFAULT_TIME})"))
+    job_name: str | None = field(default=None, metadata=_meta("job name"))
     #: A job array expression (``0-999%50``): one sbatch for every task.
-    array: str | None = None
+    array: str | None = field(default=None, metadata=_meta(
+        "a job array in one sbatch, e.g. 0-999%%50 (ids 0-999, at most 50 running); each "
+        "task reads its id from SLURM_ARRAY_TASK_ID. Templates and scripts; for functions: "
+        "pyhpc.submit_array"))
+
+    @property
+    def tasks(self) -> int:
+        """Tasks per node of a spec :func:`check` returned (it works the count out)."""
+        if self.tasks_per_node is None:
+            raise JobSpecError("tasks_per_node: not worked out before the spec is checked")
+        return self.tasks_per_node
 
 
 #: JobSpec field -> (sbatch option, submitit parameter): the one table of names.
@@ -59,7 +75,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
 
 def check_value(key: str, value: object) -> Any:
     """One field's value, converted and checked on its own (no cluster needed)."""
-    if value is None and key in ("cpus_per_task", "partition", "job_name", "array"):
+    if value is None and key in ("tasks_per_node", "cpus_per_task", "partition", "job_name",
+                                 "array"):
         return None
     if key in BOUNDS:
         return validate.integer(key, value, *BOUNDS[key], error=JobSpecError)
@@ -99,6 +116,8 @@ def check(spec: JobSpec, cluster: Cluster) -> JobSpec:
         raise JobSpecError(f"time: {values['time']} is longer than partition {name!r} allows "
                            f"({part.max_time}); the job could never start")
     values["partition"] = name
+    if values["tasks_per_node"] is None:  # the one place "one task per GPU" is written
+        values["tasks_per_node"] = max(values["gpus_per_node"], 1)
     return JobSpec(**values)
 
 

@@ -118,23 +118,31 @@ def job_setup() -> list[str]:
     return [f"export PYTHONPATH={shlex.quote(str(here))}${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
-def _executor(nodes: int, tasks_per_node: int | None, gpus_per_node: int,
-              partition: str | None, cpus_per_task: int | None, time: str, name: str,
-              folder: str | Path, cluster: Cluster | None) -> tuple[Any, Cluster]:
-    """A submitit executor for a request checked against the cluster definition."""
+def _executor(spec: JobSpec, folder: str | Path) -> Any:
+    """A submitit executor for ``spec``, which :func:`~pyhpc.slurm.jobspec.check` has checked."""
     import submitit
 
-    tasks = tasks_per_node if tasks_per_node is not None else max(gpus_per_node, 1)
-    the_cluster = cluster_or_default(cluster)
-    spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus_per_node,
-                         cpus_per_task=cpus_per_task, partition=partition, time=time,
-                         job_name=name), the_cluster)
     executor = submitit.AutoExecutor(folder=job_folder(folder), cluster="slurm",
                                      slurm_python=job_python())
     executor.update_parameters(**jobspec.submitit_parameters(spec),
                                slurm_setup=job_setup(),
                                slurm_additional_parameters={"requeue": True})
-    return executor, the_cluster
+    return executor
+
+
+def submit_spec(call: Callable[..., Any], spec: JobSpec, folder: str | Path, cluster: Cluster,
+                args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
+    """Submit ``call(*args, **kwargs)`` as a job of ``spec``, a spec that
+    :func:`~pyhpc.slurm.jobspec.check` returned for ``cluster``: it reaches submitit as it
+    is, checked once. Returns the submitit Job."""
+    import submitit
+
+    executor = _executor(spec, folder)
+    try:
+        with files.private_umask():  # the job's folder and files, and Slurm's logs
+            return executor.submit(call, *args, **(kwargs or {}))
+    except submitit.core.utils.FailedJobError as exc:
+        raise _refused(str(exc), cluster) from None
 
 
 def submit(fn: Callable[..., Any], *args: Any, nodes: int = 1, tasks_per_node: int | None = None,
@@ -148,16 +156,11 @@ def submit(fn: Callable[..., Any], *args: Any, nodes: int = 1, tasks_per_node: i
     The partition defaults to the cluster's default, and GPUs are requested only
     where the partition has them; asking for more is an error, before any sbatch.
     """
-    import submitit
-
-    executor, the_cluster = _executor(nodes, tasks_per_node, gpus_per_node, partition,
-                                      cpus_per_task, time, name, folder, cluster)
-    call = Distributed(fn) if distributed else fn
-    try:
-        with files.private_umask():  # the job's folder and files, and Slurm's logs
-            return executor.submit(call, *args, **kwargs)
-    except submitit.core.utils.FailedJobError as exc:
-        raise _refused(str(exc), the_cluster) from None
+    the_cluster = cluster_or_default(cluster)
+    spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
+                         cpus_per_task=cpus_per_task, partition=partition, time=time,
+                         job_name=name), the_cluster)
+    return submit_spec(Distributed(fn) if distributed else fn, spec, folder, the_cluster, args, kwargs)
 
 
 def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], nodes: int = 1,
@@ -174,8 +177,11 @@ def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], nodes: int = 1,
 
     if not items:
         raise SubmitError("items: nothing to submit (give at least one)", "items")
-    executor, the_cluster = _executor(nodes, tasks_per_node, gpus_per_node, partition,
-                                      cpus_per_task, time, name, folder, cluster)
+    the_cluster = cluster_or_default(cluster)
+    spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
+                         cpus_per_task=cpus_per_task, partition=partition, time=time,
+                         job_name=name), the_cluster)
+    executor = _executor(spec, folder)
     width = int(validate.number("parallelism", parallelism, 1, 100000, error=SubmitError))
     executor.update_parameters(slurm_array_parallelism=width)
     try:
@@ -303,9 +309,9 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
             raise SubmitError("--array: not for module:function; for a job array of a "
                               "function call pyhpc.submit_array(fn, items) from Python")
         fn = resolve_function(target)
-        job = submit(fn, *args, **{k: v for k, v in given.items() if k != "job_name"},
-                     name=given.get("job_name") or target.split(":")[1],
-                     folder=folder, cluster=the_cluster)
+        spec = check(JobSpec(**{**given, "job_name": given.get("job_name") or target.split(":")[1]}),
+                     the_cluster)
+        job = submit_spec(Distributed(fn), spec, folder, the_cluster, args)
         return {**result, "job_id": str(job.job_id), "folder": str(Path(folder).parent)}
     if kind == "template":
         handle = submit_template(target, {**(sets or {}), **given}, the_cluster, test_only)

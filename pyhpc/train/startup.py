@@ -4,7 +4,7 @@ its first optimizer step, and the phases between them.
 Marks are wall-clock times (``time.time()``), so ranks on different hosts can be set side
 by side (up to the hosts' clock skew); a phase's duration uses one host's clock. This
 module imports neither torch nor any other pyhpc module: a bare torch script
-(``bench/ddp_hello.py``) records the same marks as :mod:`pyhpc.train.loop`.
+(``benchmarks/ddp_hello.py``) records the same marks as :mod:`pyhpc.train.loop`.
 """
 from __future__ import annotations
 

@@ -102,8 +102,12 @@ def test_doctor_gpus_drain_drains_only_the_node_that_sees_too_few(
 def test_healthcheck_is_installed_and_slurm_runs_it() -> None:
     info = HEALTHCHECK.stat()
     assert stat.S_IMODE(info.st_mode) == 0o755 and (info.st_uid, info.st_gid) == (0, 0)
-    golden = paths.ROOT / "tests" / "golden" / "slurm" / "lab" / "pyhpc-healthcheck"
-    assert HEALTHCHECK.read_text() == golden.read_text()
+    # The program is the package's module as it is; its settings are the lab's golden file.
+    assert HEALTHCHECK.read_text() == (paths.ROOT / "pyhpc" / "admin" / "healthcheck.py").read_text()
+    settings = Path("/etc/slurm/pyhpc-healthcheck.json")
+    golden = paths.ROOT / "tests" / "golden" / "slurm" / "lab" / "pyhpc-healthcheck.json"
+    assert settings.read_text() == golden.read_text()
+    assert stat.S_IMODE(settings.stat().st_mode) == 0o644
     config = {k.strip(): v.strip() for k, _, v in (
         line.partition("=") for line in sh("scontrol", "show", "config").stdout.splitlines())}
     assert config["HealthCheckProgram"] == str(HEALTHCHECK)

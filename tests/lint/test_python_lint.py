@@ -11,13 +11,13 @@ from pyhpc import paths
 BIN = Path(sys.executable).parent
 
 
-def test_ruff_is_clean_on_the_package_hostlab_and_tests() -> None:
-    proc = subprocess.run([str(BIN / "ruff"), "check", "pyhpc", "hostlab", "tests",
+def test_ruff_is_clean_on_the_package_benchmarks_hostlab_and_tests() -> None:
+    proc = subprocess.run([str(BIN / "ruff"), "check", "pyhpc", "benchmarks", "hostlab", "tests",
                            "ansible/roles/containers/files"], cwd=paths.ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_mypy_strict_is_clean_on_the_package() -> None:
+def test_mypy_strict_is_clean_on_the_package_and_the_benchmarks() -> None:
     proc = subprocess.run([str(BIN / "mypy")], cwd=paths.ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,5 +1,5 @@
-"""Load a script of the repository as a module by its path: bench/ is no package, and
-`hostlab` is also the name of the hostlab/ directory."""
+"""Load a script of the repository as a module by its path: `hostlab` is also the name of
+the hostlab/ directory, and a role's files/ are no package."""
 from __future__ import annotations
 
 import importlib.util

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import multiprocessing as mp
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,12 @@ def run_job_code(out: Path, **options: Any) -> dict[str, Any]:
     queue = ctx.Queue()
     cfg = BenchConfig(out=str(out), device="cpu", max_bytes="64K", matmul_size=64, **options)
     proc = ctx.Process(target=_bench_in_child, args=(cfg, queue))
-    proc.start()
+    with socket.socket() as free:  # a port of its own: other test runs on this machine use 29500
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MASTER_PORT", port)
+        proc.start()
     proc.join(120)
     assert proc.exitcode == 0
     doc: dict[str, Any] = queue.get(timeout=5)

@@ -1,4 +1,4 @@
-"""bench/hostlab.py's pure parts: the generated inventories, the RECAP and step parsing,
+"""benchmarks/hostlab.py's pure parts: the generated inventories, the RECAP and step parsing,
 the ratios and the target, the plot. Runs no hostlab command."""
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ from typing import Any
 
 import pytest
 import yaml
-from by_path import load
 
+from benchmarks import hostlab as bench
 from pyhpc import cluster
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
-
-bench = load("bench_hostlab", "bench/hostlab.py")
 
 
 def _recap_line(host: str, ok: int, changed: int) -> str:

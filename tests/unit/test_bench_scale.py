@@ -1,18 +1,16 @@
-"""bench/scale.py's pure parts: the cut-down definitions, growth exponents, the DDP phase
+"""benchmarks/scale.py's pure parts: the cut-down definitions, growth exponents, the DDP phase
 breakdown, the plots. Runs no Slurm command."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from by_path import load
 
+from benchmarks import scale as bench
 from pyhpc import cluster
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
-
-bench = load("bench_scale", "bench/scale.py")
 
 
 @pytest.mark.parametrize("nodes", [4, 16, 64])

@@ -1,6 +1,7 @@
 """The job commands of the CLI: parsing, every bad-input error, nothing submitted."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -172,6 +173,67 @@ def test_logs_of_an_unknown_job_is_an_error(slurm, capsys) -> None:
 def test_report_of_an_empty_directory_is_an_error(slurm, capsys, tmp_path: Path) -> None:
     assert cli.main(["report", str(tmp_path)]) == 2
     assert "no metrics.jsonl under" in capsys.readouterr().err
+
+
+def _submitted_script(slurm) -> str:
+    (sbatch,) = [c for c in slurm.tool_calls if c.startswith("sbatch")]
+    return Path(sbatch.split()[-1]).read_text()
+
+
+@pytest.mark.parametrize("command", ["train", "scale", "bench"])
+def test_one_job_commands_take_every_resource_submit_takes_but_array(command: str, capsys) -> None:
+    from pyhpc.slurm.jobspec import JobSpec
+
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(JobSpec):
+        flag = "--" + field.name.replace("_", "-")
+        assert (flag in text) is (field.name != "array"), flag
+
+
+def test_train_spec_is_checked_once_and_reaches_submitit_whole(slurm, monkeypatch, tmp_path: Path,
+                                                               capsys) -> None:
+    """The flags become one JobSpec, checked once (each field's check runs once) and handed
+    to submitit as it is: CPUs per task and the one-task-per-GPU count included."""
+    from pyhpc.slurm import jobspec
+
+    seen: list[str] = []
+    real = jobspec.check_value
+    monkeypatch.setattr(jobspec, "check_value", lambda k, v: (seen.append(k), real(k, v))[1])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--nodes", "2", "--partition", "gpu", "--gpus-per-node", "2",
+                     "--cpus-per-task", "3", "--time", "00:05:00", "--mode", "synthetic",
+                     "--out", str(tmp_path / "run"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["job_id"] == "4243"
+    assert seen.count("nodes") == 1 and seen.count("cpus_per_task") == 1
+    text = _submitted_script(slurm)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=2",
+                 "#SBATCH --ntasks-per-node=2", "#SBATCH --cpus-per-task=3", "#SBATCH --time=5",
+                 "#SBATCH --job-name=train-synthetic"):
+        assert line in text
+
+
+def test_scale_carries_cpus_per_task_to_every_point(slurm, monkeypatch, tmp_path: Path) -> None:
+    from pyhpc.slurm import watch
+    from pyhpc.train import sweep
+
+    specs = []
+    real = sweep.submit_spec
+    monkeypatch.setattr(sweep, "submit_spec", lambda call, spec, *a: (specs.append(spec),
+                                                                      real(call, spec, *a))[1])
+    monkeypatch.setattr(watch, "watch", lambda ids, **kw: {j: "FAILED" for j in ids})
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["scale", "--nodes", "1,2", "--batch-sizes", "32", "--cpus-per-task", "2",
+                     "--job-name", "sweep", "--out", str(tmp_path / "sweep"), "--json"]) == 1
+    assert [(s.nodes, s.tasks_per_node, s.cpus_per_task, s.job_name, s.partition) for s in specs] == [
+        (1, 1, 2, "sweep", "cpu"), (2, 1, 2, "sweep", "cpu")]
+    assert len([c for c in slurm.tool_calls if c.startswith("sbatch")]) == 2
+    assert "#SBATCH --cpus-per-task=2" in _submitted_script_last(slurm)
+
+
+def _submitted_script_last(slurm) -> str:
+    return Path([c for c in slurm.tool_calls if c.startswith("sbatch")][-1].split()[-1]).read_text()
 
 
 def test_a_training_job_killed_for_memory_is_one_line_that_suggests_a_pipeline(fake_slurm, tmp_path) -> None:

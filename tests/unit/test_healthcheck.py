@@ -1,11 +1,13 @@
-"""pyhpc-healthcheck (slurm/etc/pyhpc-healthcheck.j2), rendered into tmp_path and run for real.
+"""pyhpc-healthcheck (pyhpc/admin/healthcheck.py), installed into tmp_path as the slurm role
+installs it, with its settings rendered from slurm/etc/pyhpc-healthcheck.json.j2, and run for real.
 
-Its GPU stand-ins, spool and log live in tmp_path (rendered there); munge, unmunge, df,
+Its GPU stand-ins, spool and log live in tmp_path (its settings say so); munge, unmunge, df,
 nvidia-smi and scontrol are fakes on PATH that record their calls, so no test touches
 the lab. Time bounds only say "did not hang": every hang is 60 s, every bound far below.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +15,9 @@ from pathlib import Path
 
 import pytest
 from test_slurm_templates import context, render
+
+from pyhpc import paths
+from pyhpc.admin import healthcheck
 
 HANG_S = 60
 TOOLS = {
@@ -37,7 +42,10 @@ class Node:
         ctx.update(slurm_lab_gpu_dir=str(tmp / "gpus"), slurm_spool_dir=str(tmp / "spool"),
                    slurm_log_dir=str(tmp / "log"), **settings)
         self.script = tmp / "pyhpc-healthcheck"
-        self.script.write_text(render("pyhpc-healthcheck", ctx))
+        shutil.copyfile(paths.ROOT / "ansible" / "roles" / "slurm" / "files" / "pyhpc-healthcheck",
+                        self.script)
+        self.config = tmp / "pyhpc-healthcheck.json"
+        self.config.write_text(render("pyhpc-healthcheck.json", ctx))
         self.bin = tmp / "bin"
         self.bin.mkdir()
         for tool, body in TOOLS.items():
@@ -57,11 +65,13 @@ class Node:
         path.chmod(0o755)
 
     def run(self, node: str = "gpu1", **env: str) -> subprocess.CompletedProcess[str]:
-        """Run as slurmd does: no environment but SLURMD_NODENAME (and the fakes' PATH)."""
+        """Run as slurmd does: no environment but SLURMD_NODENAME (and the fakes' PATH), no
+        argument but the settings' path (slurmd's default one is /etc/slurm's)."""
         environ = {"PATH": f"{self.bin}:/usr/bin:/bin", "SLURMD_NODENAME": node,
                    "CALLS": str(self.calls_file), **env}
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, str(self.script)], env=environ,
+        proc = subprocess.run([sys.executable, str(self.script), "--config", str(self.config)],
+                              env=environ,
                               capture_output=True, text=True, timeout=HANG_S - 10)
         self.elapsed = time.monotonic() - start
         return proc
@@ -205,3 +215,38 @@ def test_nvml_node_counts_gpus_with_nvidia_smi(tmp_path: Path) -> None:
     assert node.drains == ["scontrol update NodeName=gn1 State=DRAIN Reason=pyhpc-healthcheck: "
                            "gpus: nvidia-smi -L lists 3 of 4 GPUs"]
     assert f"df -Pk {tmp_path}/spool" in node.calls  # one slurmd per host: one spool
+
+
+def test_installed_program_is_the_module_and_reads_the_roles_settings_by_default() -> None:
+    installed = paths.ROOT / "ansible" / "roles" / "slurm" / "files" / "pyhpc-healthcheck"
+    assert installed.resolve() == Path(healthcheck.__file__).resolve()
+    assert healthcheck.CONFIG == "/etc/slurm/pyhpc-healthcheck.json"
+    assert installed.read_text().startswith("#!/usr/bin/python3 -I\n")
+
+
+def test_it_needs_nothing_but_the_standard_library() -> None:
+    """Nodes run it with the system's Python: an import of pyhpc (or anything not in the
+    standard library) would fail there."""
+    import ast
+
+    tree = ast.parse(Path(healthcheck.__file__).read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module}
+    assert names <= set(sys.stdlib_module_names) | {"__future__"}, names
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ('munge: Error: "socket"\n', "munge: Error: socket"),
+    ("a\tb`c'd\\e", "a b c d e"),
+    ("x" * 300, "x" * 200),
+])
+def test_reason_is_one_line_without_quotes_of_at_most_200_characters(text: str, reason: str) -> None:
+    assert healthcheck.reason_text(text) == reason
+
+
+def test_unreadable_settings_check_nothing_and_exit_0(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, healthcheck.__file__, "--config", str(tmp_path / "none.json"),
+                           "gpu1"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0
+    assert "cannot read" in proc.stdout and "nothing checked" in proc.stdout

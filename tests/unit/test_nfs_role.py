@@ -181,8 +181,39 @@ def test_site_runs_the_role_only_with_an_nfs_server_group(tmp_path: Path, fstab:
         [exports] = tasks["Write the exports"]["diff"]
         assert "/home 10.0.0.0/16(" in exports["after"]
     else:
-        assert tasks["Deploy the NFS server and its clients"].get("skipped")
+        # The role decides (no nfs_server_host: neither server nor client): none of its tasks runs.
+        assert tasks["Load the OS-specific variables"].get("skipped")
         assert "Write the exports" not in tasks and "Install the NFS client" not in tasks
         assert report["stats"]["localhost"]["changed"] == 0
     assert FSTAB.read_bytes() == fstab
     assert not any(p.exists() for p in WRITES)
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_absent_client_unmounts_and_forgets_the_exports_installing_nothing(tmp_path: Path, fstab: bytes,
+                                                                          purge: bool) -> None:
+    proc, report = play(tmp_path, inventory(tmp_path, CLIENT), "--check",
+                        *extra(nfs_state="absent", nfs_purge=purge, **NETWORK))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    tasks = results(report)
+    for name in ("Unmount the exports", "Remove the exports from fstab"):
+        assert [r["item"]["path"] for r in tasks[name]["results"]] == ["/home", "/opt/pyhpc"]
+    assert bool(tasks["Purge the NFS packages"].get("skipped")) is (not purge)
+    for name in ("Install the NFS client", "Mount the exports", CHECK_EXPORTS):
+        assert name not in tasks or tasks[name].get("skipped"), name
+    assert tasks["Remove the exports file"].get("skipped")
+    assert report["stats"]["localhost"]["changed"] == 0
+    assert FSTAB.read_bytes() == fstab
+
+
+def test_absent_server_removes_only_its_exports_file(tmp_path: Path, fstab: bytes) -> None:
+    proc, report = play(tmp_path, inventory(tmp_path, SERVER), "--check",
+                        *extra(nfs_state="absent", **NETWORK))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    tasks = results(report)
+    assert tasks["Remove the exports file"]["path"] == "/etc/exports.d/pyhpc.exports"
+    assert tasks["Unmount the exports"]["results"] == []
+    for name in ("Install the NFS server", "Create the exported directories", "Export the directories"):
+        assert name not in tasks or tasks[name].get("skipped"), name
+    assert tasks["Purge the NFS packages"].get("skipped")
+    assert FSTAB.read_bytes() == fstab

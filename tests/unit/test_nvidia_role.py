@@ -179,3 +179,33 @@ def test_site_runs_the_role_only_on_nodes_with_gpu_detect_nvml(tmp_path: Path, g
         assert tasks["Find NVIDIA devices on the PCI bus"]["files"]
         assert tasks["Report what a real run would do next (check mode)"]["changed"]
     assert not any(p.exists() for p in WRITES)
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_absent_on_a_host_without_gpu_stops_the_daemons_and_skips_preflight(tmp_path: Path,
+                                                                            purge: bool) -> None:
+    """absent needs no GPU (it runs where a driver is being removed); it removes only what
+    the chosen source installed, and only with nvidia_purge."""
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    (debs / "nvidia-driver_550.54.15-1_amd64.deb").write_bytes(b"")
+    proc, report = play(tmp_path, "--check", *extra(
+        nvidia_state="absent", nvidia_purge=purge, nvidia_source="debs", nvidia_deb_dir=str(debs),
+        nvidia_dcgm_debs=[str(debs / "datacenter-gpu-manager_3.3.5_amd64.deb")],
+        nvidia_pci_devices_path=str(fake_pci(tmp_path / "sys"))))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    tasks = results(report)
+    stop = tasks["Stop DCGM and the persistence daemon"]["results"]
+    assert [r["item"] for r in stop] == ["nvidia-dcgm", "nvidia-persistenced"]
+    assert "Stop on a host without an NVIDIA GPU" not in tasks
+    purged = tasks["Purge the driver, CUDA and DCGM packages"]
+    if purge:
+        assert purged["invocation"]["module_args"]["name"] == ["nvidia-driver", "datacenter-gpu-manager"]
+        removed = tasks["Remove the apt sources, the keyring and the .deb caches the role added"]
+        assert [r["item"] for r in removed["results"]] == [
+            "/etc/apt/sources.list.d/pyhpc-nvidia-debian.sources",
+            "/etc/apt/sources.list.d/pyhpc-nvidia.list", "/var/cache/pyhpc/nvidia"]
+    else:
+        assert purged.get("skipped")
+    assert report["stats"]["localhost"]["changed"] == 0
+    assert not any(p.exists() for p in WRITES)

@@ -157,11 +157,11 @@ def test_report_draws_throughput_by_stages_and_the_bubble_by_micro_batches(tmp_p
 
 
 def test_a_sweep_over_stage_counts_gives_each_its_tasks_and_directory(tmp_path: Path, lab) -> None:
+    from pyhpc.slurm.jobspec import JobSpec
     from pyhpc.train import sweep
 
     base = TrainConfig(out=str(tmp_path), model="deep", layers=40, synthetic_samples=640)
-    points = sweep.plan(base, [1, 2], [32], "weak", sweep.Resources(), tmp_path, lab, [1, 2])
-    got = [(res.nodes, sweep.for_pipeline(res, cfg).tasks, cfg.pipeline, Path(cfg.out).name)
-           for res, cfg in points]
+    points = sweep.plan(base, [1, 2], [32], "weak", JobSpec(), tmp_path, lab, [1, 2])
+    got = [(spec.nodes, spec.tasks, cfg.pipeline, Path(cfg.out).name) for spec, cfg in points]
     assert got == [(1, 1, 1, "nodes1-batch32"), (1, 2, 2, "nodes1-batch32-stages2"),
                    (2, 1, 1, "nodes2-batch32"), (2, 2, 2, "nodes2-batch32-stages2")]

@@ -17,7 +17,7 @@ from pyhpc import cluster, paths
 TEMPLATES = paths.ROOT / "slurm" / "etc"
 DEFAULTS = paths.ROOT / "ansible" / "roles" / "slurm" / "defaults" / "main.yml"
 INVENTORIES = paths.ROOT / "ansible" / "inventories"
-FILES = ["slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf", "pyhpc-healthcheck"]
+FILES = ["slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf", "pyhpc-healthcheck.json"]
 #: Host facts the role would take from the inventory, fixed here for determinism.
 HOSTS = {
     "lab": {"slurm_controller_hostname": "labhost", "slurm_dbd_hostname": "labhost",

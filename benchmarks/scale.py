@@ -14,14 +14,16 @@ complete    1,000 trivial array tasks from submit to all COMPLETED in sacct, wit
 status      `pyhpc status` on 100 and 1,000 queued jobs: Slurm calls per poll, latency
 ddp         time to rank 0's first optimizer step of `pyhpc train` on 1, 2, 4, 8 nodes,
             broken into queue wait, launch, interpreter+imports, rendezvous and first
-            step, next to a bare torch.distributed hello world (bench/ddp_hello.py)
+            step, next to a bare torch.distributed hello world (benchmarks/ddp_hello.py)
 
-Writes bench/results/scale.json and docs/scale-*.png. Takes the lab for about 30
-minutes and redeploys the stock lab at the end (also when a step fails).
+Writes benchmarks/results/scale.json and docs/scale-*.png. Takes the lab for about 30
+minutes and redeploys the stock lab at the end (also when a step fails). Slurm is asked
+through pyhpc's Slurm module (benchmarks.lab); the raw sbatch and srun it measures pyhpc
+against are marked ``# baseline:``.
 
-    python bench/scale.py                   # everything
-    python bench/scale.py --parts srun,ddp  # some parts (those that need 64 nodes deploy it)
-    python bench/scale.py --plot            # redraw the plots from the JSON
+    python -m benchmarks.scale                   # everything
+    python -m benchmarks.scale --parts srun,ddp  # some parts (those that need 64 nodes deploy it)
+    python -m benchmarks.scale --plot            # redraw the plots from the JSON
 """
 from __future__ import annotations
 
@@ -29,24 +31,22 @@ import argparse
 import copy
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deploy import RECAP, ROLE_TIME, changed_tasks, timed  # noqa: E402
+from benchmarks import lab, record
+from benchmarks.deploy import RECAP, ROLE_TIME, changed_tasks, timed
+from benchmarks.scale_plot import plot
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULT = ROOT / "bench" / "results" / "scale.json"
-DOCS = ROOT / "docs"
+ROOT = record.ROOT
 LARGE = ROOT / "ansible" / "inventories" / "lab" / "ddl256.yml"
 PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
 JOB_PYTHON = "/opt/pyhpc/venv/bin/python"
@@ -64,7 +64,7 @@ DEPLOY_TIMEOUT_S = 1800.0
 def definition(nodes: int, tuning: bool = True, large: Path = LARGE) -> dict[str, Any]:
     """The large definition cut to ``nodes`` GPU nodes (its 4 CPU nodes kept)."""
     doc = yaml.safe_load(large.read_text())
-    out = copy.deepcopy(doc)
+    out: dict[str, Any] = copy.deepcopy(doc)
     for group in out["nodes"]:
         if group["name"] == "gpu":
             group["count"] = nodes
@@ -119,18 +119,21 @@ def rate(jobs: int, seconds: float) -> float:
 # ---------------------------------------------------------------- lab steps
 
 def sh(argv: list[str], check: bool = True, **kw: Any) -> str:
+    """A command that is not a Slurm query (make, the pyhpc CLI, a measured baseline)."""
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
     if check and proc.returncode != 0:
-        raise SystemExit(f"bench: {' '.join(argv[:6])} exited {proc.returncode}: "
+        raise SystemExit(f"benchmarks.scale: {' '.join(argv[:6])} exited {proc.returncode}: "
                          f"{proc.stderr.strip()[-500:]}")
-    return proc.stdout
+    out: str = proc.stdout
+    return out
 
 
 def deploy(cluster_file: Path) -> tuple[float, str]:
     """``make deploy CLUSTER=...``, with each role's time in the output (profile_roles)."""
     env = dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_roles")
-    return timed(["make", "--no-print-directory", "deploy", f"CLUSTER={cluster_file}"],
-                 env=env, timeout=DEPLOY_TIMEOUT_S)
+    wall, out = timed(["make", "--no-print-directory", "deploy", f"CLUSTER={cluster_file}"],
+                      env=env, timeout=DEPLOY_TIMEOUT_S)
+    return wall, out
 
 
 def write_definition(work: Path, nodes: int, tuning: bool = True) -> Path:
@@ -158,19 +161,12 @@ def slurmd_memory() -> dict[str, Any]:
             "pss_mib_total": round(sum(pss), 1)}
 
 
-def wait_idle(nodes: int, timeout: float = 300.0) -> None:
-    """Until every node of the partition is idle (after a restart they register again)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = sh(["sinfo", "-h", "-N", "-p", BENCH_PARTITION, "-o", "%t"], check=False).split()
-        if len(states) == nodes and all(s == "idle" for s in states):
-            return
-        time.sleep(2)
-    raise SystemExit(f"bench: the {nodes} nodes of partition {BENCH_PARTITION} are not idle")
+def wait_idle(nodes: int) -> None:
+    lab.wait_for_idle_nodes(BENCH_PARTITION, nodes)
 
 
 def bench_deploy(work: Path) -> dict[str, Any]:
-    runs = []
+    runs: list[dict[str, Any]] = []
     for n in NODE_COUNTS:
         path = write_definition(work, n)
         sh(["make", "--no-print-directory", "-s", "undeploy"], cwd=ROOT)
@@ -196,11 +192,12 @@ def bench_deploy(work: Path) -> dict[str, Any]:
 
 
 def bench_srun(reps: int = 5) -> dict[str, Any]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k in SRUN_NODES:
-        samples = []
+        samples: list[float] = []
         for _ in range(reps):
             start = time.perf_counter()
+            # baseline: Slurm's own launch time is the figure
             sh(["srun", "-p", BENCH_PARTITION, "-N", str(k), "-n", str(k), "-t", "2", "true"])
             samples.append(time.perf_counter() - start)
         rows.append({"nodes": k, "samples_s": [round(s, 3) for s in samples],
@@ -211,16 +208,11 @@ def bench_srun(reps: int = 5) -> dict[str, Any]:
 
 
 def _partition(state: str) -> None:
-    sh(["scontrol", "update", f"PartitionName={BENCH_PARTITION}", f"State={state}"])
+    lab.partition_state(BENCH_PARTITION, state)
 
 
 def _cancel(name: str) -> None:
-    sh(["scancel", "-n", name], check=False)
-    deadline = time.monotonic() + 120
-    while sh(["squeue", "-h", "-n", name, "-o", "%i"], check=False).strip():
-        if time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    lab.cancel(name)
 
 
 def _noop(i: int) -> int:
@@ -229,13 +221,12 @@ def _noop(i: int) -> int:
 
 def _submit_ways(work: Path, jobs: int) -> dict[str, tuple[float, int]]:
     """Seconds and jobs accepted for each way of submitting ``jobs`` jobs."""
-    sys.path.insert(0, str(ROOT))
     import pyhpc
 
     out: dict[str, tuple[float, int]] = {}
     base = ["-p", BENCH_PARTITION, "-o", "/dev/null", "-t", "1"]
     start = time.perf_counter()
-    for _ in range(jobs):
+    for _ in range(jobs):  # baseline: the raw sbatch loop pyhpc submit is measured against
         sh(["sbatch", "--parsable", "-J", "bs-sbatch", *base, "--wrap", "true"])
     out["sbatch_loop"] = (time.perf_counter() - start, jobs)
     _cancel("bs-sbatch")
@@ -256,6 +247,7 @@ def _submit_ways(work: Path, jobs: int) -> dict[str, tuple[float, int]]:
     out["pyhpc_submit_array"] = (time.perf_counter() - start, len(handles))
     _cancel("bs-api")
     start = time.perf_counter()
+    # baseline: one raw sbatch --array, measured against pyhpc's arrays
     sh(["sbatch", "--parsable", "-J", "bs-array", f"--array=0-{jobs - 1}", *base, "--wrap", "true"])
     out["sbatch_array"] = (time.perf_counter() - start, jobs)
     _cancel("bs-array")
@@ -277,24 +269,21 @@ def bench_submit(work: Path, jobs: int = JOBS) -> dict[str, Any]:
                       "template and runs one process per job"}
 
 
-def _completed(job_id: str) -> tuple[int, int]:
-    out = sh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], check=False).split()
-    return sum(s == "COMPLETED" for s in out), len(out)
-
-
 def completion(jobs: int, timeout: float = 900.0) -> float:
+    """Seconds from sbatch to every task COMPLETED in sacct (polled every second)."""
     start = time.perf_counter()
+    # baseline: Slurm's own throughput, tuned and not, is the figure
     job_id = sh(["sbatch", "--parsable", "-J", "bs-complete", f"--array=0-{jobs - 1}",
                  "-p", BENCH_PARTITION, "-o", "/dev/null", "-t", "1", "--wrap", "true"]).strip()
-    while _completed(job_id)[0] < jobs:
+    while lab.completed(job_id)[0] < jobs:
         if time.perf_counter() - start > timeout:
-            raise SystemExit(f"bench: {jobs} jobs not COMPLETED after {timeout:.0f} s")
+            raise SystemExit(f"benchmarks.scale: {jobs} jobs not COMPLETED after {timeout:.0f} s")
         time.sleep(1)
     return time.perf_counter() - start
 
 
 def bench_complete(work: Path, jobs: int = JOBS) -> dict[str, Any]:
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for tuned in (False, True):
         deploy(write_definition(work, NODE_COUNTS[-1], tuning=tuned))
         wait_idle(NODE_COUNTS[-1])
@@ -310,7 +299,6 @@ def bench_complete(work: Path, jobs: int = JOBS) -> dict[str, Any]:
 
 def _poll_cost(ids: list[str], reps: int = 5) -> dict[str, Any]:
     """Slurm processes per poll and seconds per poll of pyhpc's watcher, and of the CLI."""
-    sys.path.insert(0, str(ROOT))
     from pyhpc.slurm import watch
 
     spawned: list[str] = []
@@ -347,8 +335,8 @@ def bench_status(jobs: int = JOBS) -> dict[str, Any]:
     rows = []
     try:
         for n in (jobs // 10, jobs):
-            job_id = sh(["sbatch", "--parsable", "-J", "bs-status", f"--array=0-{n - 1}", "-p",
-                         BENCH_PARTITION, "-o", "/dev/null", "-t", "1", "--wrap", "true"]).strip()
+            job_id = lab.output(["sbatch", "--parsable", "-J", "bs-status", f"--array=0-{n - 1}", "-p",
+                                 BENCH_PARTITION, "-o", "/dev/null", "-t", "1", "--wrap", "true"]).strip()
             rows.append(_poll_cost([f"{job_id}_{i}" for i in range(n)]))
             _cancel("bs-status")
     finally:
@@ -359,16 +347,8 @@ def bench_status(jobs: int = JOBS) -> dict[str, Any]:
                       "`pyhpc status --json` with 200 ids (a whole process each time)"}
 
 
-def _sacct_times(job_id: str) -> tuple[float, float]:
-    line = sh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Submit,Start"]).split()[0]
-    submit, start = line.split("|")
-    def epoch(text: str) -> float:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").astimezone().timestamp()
-    return epoch(submit), epoch(start)
-
-
 def _marks(path: Path) -> list[dict[str, float]]:
-    """Every rank's marks from a startup.json (pyhpc.train's or bench/ddp_hello.py's)."""
+    """Every rank's marks from a startup.json (pyhpc.train's or benchmarks/ddp_hello.py's)."""
     return [{**r["marks"], "rank": r["rank"]} for r in json.loads(path.read_text())["ranks"]]
 
 
@@ -379,7 +359,7 @@ def _ddp_pyhpc(work: Path, k: int, rep: int) -> dict[str, float]:
                          "--out", str(out), "--wait", "--json"],
                         cwd=work))
     marks = _marks(out / "startup.json")
-    submit, start = _sacct_times(str(res["job_id"]))
+    submit, start = lab.submit_and_start(str(res["job_id"]))
     return phases(marks, submit, start)
 
 
@@ -392,15 +372,16 @@ def _ddp_bare(work: Path, k: int, rep: int) -> dict[str, float]:
         f"#SBATCH -o {work}/hello-{k}.log\n#SBATCH -t 5\n"
         "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)\n"
         "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
-        f"srun {JOB_PYTHON} {ROOT}/bench/ddp_hello.py {out}\n")
+        f"srun {JOB_PYTHON} {ROOT}/benchmarks/ddp_hello.py {out}\n")
+    # baseline: bare torch.distributed under raw sbatch + srun, pyhpc train's floor
     job_id = sh(["sbatch", "--parsable", "--wait", str(script)], cwd=work).strip()
     marks = _marks(out)
-    submit, start = _sacct_times(job_id)
+    submit, start = lab.submit_and_start(job_id)
     return phases(marks, submit, start)
 
 
 def bench_ddp(work: Path, reps: int = 3) -> dict[str, Any]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k in DDP_NODES:
         runs: dict[str, list[dict[str, float]]] = {"pyhpc": [], "bare": []}
         for rep in range(reps):  # ABBA: whichever runs second may wait for the first's epilog
@@ -417,103 +398,32 @@ def bench_ddp(work: Path, reps: int = 3) -> dict[str, Any]:
             "met": all(r["pyhpc_minus_bare_s"] < 1.0 for r in rows),
             "method": "median of reps, bare and pyhpc in ABBA order; pyhpc_minus_bare_s compares "
                       "from_start_s (job start to rank 0's first step); one task per node; pyhpc: "
-                      "`pyhpc train --epochs 1` (digits); bare: bench/ddp_hello.py "
+                      "`pyhpc train --epochs 1` (digits); bare: benchmarks/ddp_hello.py "
                       "(torch only, gloo, one DDP step) under sbatch+srun; Submit/Start from "
                       "sacct (whole seconds), marks are each rank's wall clock"}
 
 
-# ---------------------------------------------------------------- plots and driver
-
-def plot(result: dict[str, Any], docs: Path = DOCS) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    made = []
-
-    def save(fig: Any, name: str) -> None:
-        path = docs / f"scale-{name}.png"
-        fig.tight_layout()
-        fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
-        plt.close(fig)
-        made.append(path)
-
-    if "deploy" in result:
-        runs = result["deploy"]["runs"]
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for key, label in (("fresh_s", "deploy"), ("rerun_s", "idempotent re-run")):
-            ax.plot([r["nodes"] for r in runs], [r[key] for r in runs], "o-", label=label)
-        ax.set(xscale="log", xlabel="emulated GPU nodes", ylabel="seconds", ylim=(0, None),
-               title="Deploy time vs nodes")
-        ax.set_xticks([r["nodes"] for r in runs], [str(r["nodes"]) for r in runs])
-        ax.legend()
-        save(fig, "deploy")
-    if "srun" in result:
-        rows = result["srun"]["rows"]
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([r["nodes"] for r in rows], [r["median_s"] for r in rows], "o-")
-        ax.set(xscale="log", xlabel="nodes (srun -N k true)", ylabel="seconds (median of 5)",
-               ylim=(0, None), title="Job launch latency vs nodes")
-        ax.set_xticks([r["nodes"] for r in rows], [str(r["nodes"]) for r in rows])
-        save(fig, "srun")
-    if "submit" in result:
-        ways = result["submit"]["ways"]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.barh(list(ways), [w["jobs_per_s"] for w in ways.values()])
-        ax.set(xscale="log", xlabel="jobs/s (log)", title="Submitting 1,000 jobs")
-        save(fig, "submit")
-    if "complete" in result:
-        runs = result["complete"]["runs"]
-        fig, ax = plt.subplots(figsize=(5, 3))
-        ax.bar(list(runs), [r["jobs_per_s"] for r in runs.values()])
-        ax.set(ylabel="jobs/s", title="1,000 trivial jobs to COMPLETED")
-        save(fig, "complete")
-    if "status" in result:
-        rows = result["status"]["rows"]
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([r["jobs"] for r in rows], [r["poll_median_s"] * 1000 for r in rows], "o-")
-        ax.set(xlabel="jobs watched", ylabel="ms per poll (1 squeue)", ylim=(0, None),
-               title="Watcher poll latency vs jobs")
-        save(fig, "status")
-    if "ddp" in result:
-        rows = result["ddp"]["rows"]
-        keys = ["queue_wait_s", "launch_s", "interpreter_and_imports_s", "rendezvous_s",
-                "first_step_s"]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        labels = [f"{r['nodes']}n {kind}" for r in rows for kind in ("bare", "pyhpc")]
-        bottom = [0.0] * len(labels)
-        for key in keys:
-            vals = [max(r[kind][key], 0.0) for r in rows for kind in ("bare", "pyhpc")]
-            ax.bar(labels, vals, bottom=bottom, label=key.removesuffix("_s").replace("_", " "))
-            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-        ax.set(ylabel="seconds from sbatch", title="Time to first optimizer step")
-        ax.tick_params(axis="x", rotation=45)
-        ax.legend(fontsize=7)
-        save(fig, "ddp")
-    return made
-
+# ---------------------------------------------------------------- driver
 
 def needs_large(parts: list[str]) -> bool:
     return any(p in parts for p in ("srun", "submit", "status", "ddp"))
 
 
 def run(parts: list[str], work: Path, jobs: int = JOBS) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(RESULT.read_text()) if RESULT.exists() else {}
-    result.update({"date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                   "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                               "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
-                                                   * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}})
+    """The parts asked for, over the figures of the last run (the others are kept)."""
+    result: dict[str, Any] = record.read("scale").get("figures", {})
     if "deploy" in parts:
         result["deploy"] = bench_deploy(work)
     if needs_large(parts):
         deploy(write_definition(work, NODE_COUNTS[-1]))
         wait_idle(NODE_COUNTS[-1])
-    for name, fn in (("srun", bench_srun), ("submit", lambda: bench_submit(work, jobs)),
-                     ("status", lambda: bench_status(jobs)), ("ddp", lambda: bench_ddp(work))):
+    steps: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
+        ("srun", bench_srun), ("submit", lambda: bench_submit(work, jobs)),
+        ("status", lambda: bench_status(jobs)), ("ddp", lambda: bench_ddp(work)))
+    for name, fn in steps:
         if name in parts:
             result[name] = fn()
-            RESULT.write_text(json.dumps(result, indent=2) + "\n")
+            record.write("scale", result)  # each part kept as soon as it is measured
     if "complete" in parts:
         result["complete"] = bench_complete(work, jobs)
     return result
@@ -527,13 +437,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=JOBS, help="jobs per throughput run")
     args = parser.parse_args()
     if args.plot:
-        for path in plot(json.loads(RESULT.read_text())):
+        for path in plot(record.read("scale")["figures"]):
             print(f"wrote {path.relative_to(ROOT)}")
         return 0
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
-        sys.exit(f"bench/scale.py: error: --parts: {', '.join(unknown)} not allowed; "
+        sys.exit(f"benchmarks.scale: error: --parts: {', '.join(unknown)} not allowed; "
                  f"allowed: {', '.join(PARTS)}")
     work = Path(tempfile.mkdtemp(prefix="pyhpc-scale-"))
     work.chmod(0o755)
@@ -542,8 +452,7 @@ def main() -> int:
     finally:
         if not args.no_restore:
             timed(["make", "--no-print-directory", "deploy"], timeout=DEPLOY_TIMEOUT_S)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    record.write("scale", result)
     for path in plot(result):
         print(f"wrote {path.relative_to(ROOT)}")
     print(json.dumps({k: result[k].get("met") for k in PARTS if k in result

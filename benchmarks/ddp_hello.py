@@ -9,8 +9,8 @@ Under torchrun the rank layout is exported already; under plain srun it comes fr
 Slurm's variables (MASTER_ADDR: the allocation's first node, unless exported, as the
 batch templates do)::
 
-    torchrun --nproc-per-node 2 bench/ddp_hello.py /tmp/hello.json
-    srun python bench/ddp_hello.py hello.json
+    torchrun --nproc-per-node 2 benchmarks/ddp_hello.py /tmp/hello.json
+    srun python benchmarks/ddp_hello.py hello.json
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def export_slurm_env() -> None:
     # The port the batch templates derive from the job id (slurm/jobs/_rendezvous.sh.j2).
     env.setdefault("MASTER_PORT", str(20000 + int(env["SLURM_JOB_ID"]) % 40000))
     if "MASTER_ADDR" not in env:
+        # baseline: the bare hello world imports no pyhpc before its last mark
         hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]],
                                capture_output=True, text=True, check=True).stdout.split()
         env["MASTER_ADDR"] = hosts[0]

@@ -6,15 +6,15 @@ chosen with $HOSTLAB_INVENTORY). Remove every hostlab host, time `hostlab up`, a
 `make hostlab-deploy` and a second one (its PLAY RECAP should show changed=0), then read
 each host's memory from `hostlab status --json`. Before that, time `hostlab image` with
 the cache as it is (a build when the recipe changed) and once more, cached. Writes
-bench/results/hostlab.json and docs/hostlab-deploy.png. Target (issue 7): the re-run on
+benchmarks/results/hostlab.json and docs/hostlab-deploy.png. Target (issue 7): the re-run on
 8 compute hosts takes at most 1.5x the re-run on 1. Needs hostlab to itself for about
 30 min. At the end the stock hostlab comes back (down, make hostlab-up, make
 hostlab-deploy), also when a step fails; --no-restore leaves it down.
 
-    python bench/hostlab.py              # the benchmark
-    python bench/hostlab.py --plan       # write the inventories to a temp dir, print the steps
-    python bench/hostlab.py --hosts 1,2  # a subset of the host counts
-    python bench/hostlab.py --plot       # redraw the plot from bench/results/hostlab.json
+    python -m benchmarks.hostlab              # the benchmark
+    python -m benchmarks.hostlab --plan       # write the inventories to a temp dir, print the steps
+    python -m benchmarks.hostlab --hosts 1,2  # a subset of the host counts
+    python -m benchmarks.hostlab --plot       # redraw the plot from benchmarks/results/hostlab.json
 """
 from __future__ import annotations
 
@@ -23,26 +23,22 @@ import configparser
 import copy
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-# bench/ is no package: its scripts share code as modules beside each other.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import deploy  # noqa: E402
-from deploy import ROLE_TIME, changed_tasks  # noqa: E402
+from benchmarks import deploy, record
+from benchmarks.deploy import ROLE_TIME, changed_tasks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = record.ROOT
 STOCK = ROOT / "ansible" / "inventories" / "hostlab"
-RESULT = ROOT / "bench" / "results" / "hostlab.json"
+RESULT = record.path("hostlab")
 PLOT = ROOT / "docs" / "hostlab-deploy.png"
 HOST_COUNTS = (1, 2, 4, 8)
 RERUN_RATIO_TARGET = 1.5
@@ -90,7 +86,7 @@ def write_inventory(n: int, parent: Path, stock: Path = STOCK) -> Path:
     shutil.copytree(stock / "group_vars", where / "group_vars")
     for name, make_doc in (("hosts.yml", hosts_doc), ("cluster.yml", cluster_doc)):
         doc = make_doc(yaml.safe_load((stock / name).read_text()), n)
-        (where / name).write_text(f"# bench/hostlab.py: {n} compute host(s)\n"
+        (where / name).write_text(f"# benchmarks/hostlab.py: {n} compute host(s)\n"
                                   + yaml.safe_dump(doc, sort_keys=False))
     return where
 
@@ -208,7 +204,7 @@ RESTORE = [[*HOSTLAB, "down"], ["make", "--no-print-directory", "hostlab-up"],
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
-    """bench/deploy.py's timed(), with the inventory named and a limit per step."""
+    """benchmarks.deploy's timed(), with the inventory named and a limit per step."""
     inventory = env.get("HOSTLAB_INVENTORY")
     if inventory:
         print(f"  (HOSTLAB_INVENTORY={inventory})", flush=True)
@@ -236,13 +232,6 @@ def bench_hosts(n: int, inventory: Path) -> dict[str, Any]:
     return run
 
 
-def machine() -> dict[str, Any]:
-    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
-    total = re.search(r"^MemTotal:\s+(\d+) kB", meminfo, re.M)
-    return {"cpus": os.cpu_count(), "kernel": platform.release(),
-            "memory_mib": int(total.group(1)) // 1024 if total else None}
-
-
 def ansible_forks() -> int | None:
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "ansible" / "ansible.cfg")
@@ -256,9 +245,6 @@ def run_benchmark(counts: tuple[int, ...], work: Path) -> dict[str, Any]:
     runs = [bench_hosts(n, write_inventory(n, work)) for n in counts]
     goal = target(runs)
     return {
-        "benchmark": "hostlab",
-        "date_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(),
         "release": os.environ.get("HOSTLAB_RELEASE") or "trixie",
         "ansible_forks": ansible_forks(),
         "image": {"first_s": round(first_s, 1), **image_step(first_out),
@@ -336,8 +322,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.plot:
         if not RESULT.exists():
-            sys.exit(f"bench: no {RESULT.relative_to(ROOT)} yet: run make bench-hostlab")
-        print(f"wrote {plot(json.loads(RESULT.read_text())).relative_to(ROOT)}")
+            sys.exit(f"benchmarks: no {RESULT.relative_to(ROOT)} yet: run make bench-hostlab")
+        print(f"wrote {plot(record.read('hostlab')['figures']).relative_to(ROOT)}")
         return 0
     work = Path(tempfile.mkdtemp(prefix="pyhpc-bench-hostlab-"))
     try:
@@ -351,8 +337,7 @@ def main() -> int:
                 restore()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    record.write("hostlab", result)
     plot(result)
     summary(result)
     print(f"wrote {RESULT.relative_to(ROOT)} and {PLOT.relative_to(ROOT)}")

@@ -1,4 +1,4 @@
-"""Job benchmarks on the lab cluster; prints figures, writes bench/results/jobs.json.
+"""Job benchmarks on the lab cluster; prints figures, writes benchmarks/results/jobs.json.
 
 (a) submit latency: ``pyhpc submit`` to RUNNING vs plain ``sbatch`` of the same
     rendered script (ratio of medians, target <= 1.2);
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -24,17 +22,18 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "jobs.json"
+from benchmarks import lab, record
+from pyhpc.slurm import slurm
+
+ROOT = record.ROOT
 PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
 JOB_PYTHON = "/opt/pyhpc/venv/bin/python"
 
 
 def _squeue_state(job_id: str) -> str:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                         text=True, check=False).stdout.strip()
-    return out or "GONE"
+    return lab.output(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).strip() or "GONE"
 
 
 def _until_running(start: float, job_id: str, timeout: float = 60.0) -> float:
@@ -50,15 +49,10 @@ def _until_running(start: float, job_id: str, timeout: float = 60.0) -> float:
 
 def _wait_idle(timeout: float = 60.0) -> None:
     """Wait until no job of ours is queued, so each sample starts from the same state."""
-    deadline = time.monotonic() + timeout
-    while subprocess.run(["squeue", "-h", "-n", "bench-submit", "-o", "%i"], capture_output=True,
-                         text=True, check=False).stdout.strip():
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    lab.wait_for(lab.queued("bench-submit"), timeout)
 
 
-def bench_submit(work: Path, reps: int) -> dict:
+def bench_submit(work: Path, reps: int) -> dict[str, Any]:
     sets = ["--set", "command=sleep 30", "--set", "job_name=bench-submit"]
     script = work / "bench-submit.sbatch"
     script.write_text(subprocess.run([PYHPC, "render", "single", *sets], cwd=work,
@@ -69,20 +63,20 @@ def bench_submit(work: Path, reps: int) -> dict:
             _wait_idle()
             time.sleep(2)  # let the freed node settle (epilog) before the next sample
             start = time.perf_counter()
-            if key == "sbatch_s":
+            if key == "sbatch_s":  # baseline: raw sbatch is what pyhpc submit is measured against
                 cmd = ["sbatch", "--parsable", str(script)]
             else:
                 cmd = [PYHPC, "submit", "single", *sets]
             job_id = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
                                     check=True).stdout.strip().split(";")[0]
             samples[key].append(_until_running(start, job_id))
-            subprocess.run(["scancel", job_id], check=True)
+            slurm.cancel([job_id])
     med = {k: statistics.median(v) for k, v in samples.items()}
     return {"reps": reps, "samples": samples, **{f"median_{k}": v for k, v in med.items()},
             "ratio": med["pyhpc_submit_s"] / med["sbatch_s"], "target": "<= 1.2"}
 
 
-def overhead_in_job(reps: int, out: Path) -> dict:
+def overhead_in_job(reps: int, out: Path) -> dict[str, Any]:
     """Inside the lab job: alternate epochs of pyhpc.train.train_epoch with the harness's
     step timer and without it (a stopwatch only), on one model, in ABBA order."""
     import socket
@@ -121,7 +115,7 @@ def overhead_in_job(reps: int, out: Path) -> dict:
                 rates["plain"].append((result.steps - warmup) * batch / result.plain_s)
     dist.teardown()
     med = {k: statistics.median(v) for k, v in rates.items()}
-    paired = [h / p for h, p in zip(rates["harness"], rates["plain"])]
+    paired = [h / p for h, p in zip(rates["harness"], rates["plain"], strict=True)]
     return {"reps": reps, "samples_per_s": rates, "median_harness": med["harness"],
             "median_plain": med["plain"], "ratio": med["harness"] / med["plain"],
             "median_paired_ratio": statistics.median(paired),
@@ -132,31 +126,27 @@ def overhead_in_job(reps: int, out: Path) -> dict:
                         f"batch {batch}, 1 thread"}
 
 
-def bench_overhead(work: Path, reps: int) -> dict:
+def bench_overhead(work: Path, reps: int) -> dict[str, Any]:
     """Run :func:`overhead_in_job` as a one-task job on a lab compute node."""
     out = work / "overhead"
-    proc = subprocess.run(
-        ["srun", "-N1", "-n1", "-J", "bench-overhead", "-t", "10", JOB_PYTHON, str(Path(__file__)),
-         "--overhead-job", str(out), "--reps", str(reps)],
-        # The job imports pyhpc from this checkout: the figure is for the code under test.
-        cwd=work, capture_output=True, text=True, timeout=580,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # The job imports pyhpc (and this module) from this checkout: the figure is for the code
+    # under test.
+    proc = slurm.srun(["-N1", "-n1", "-J", "bench-overhead", "-t", "10", f"--chdir={work}",
+                       f"--export=ALL,PYTHONPATH={ROOT}", JOB_PYTHON, "-m", "benchmarks.jobs",
+                       "--overhead-job", str(out), "--reps", str(reps)], timeout_s=580)
     if proc.returncode != 0:
         raise RuntimeError(f"overhead job failed:\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
-def _sbatch_tiny(tries: int = 5) -> str:
-    cmd = ["sbatch", "--parsable", "-J", "bench-watch", "-o", "/dev/null", "--wrap", "true"]
-    for _ in range(tries):
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode == 0:
-            return proc.stdout.strip().split(";")[0]
-        time.sleep(1)  # slurmctld busy (e.g. reconfiguring): try again
-    raise RuntimeError(f"sbatch failed: {proc.stderr.strip()}")
+def _sbatch_tiny() -> str:
+    """A job that runs ``true`` (slurm.run retries while slurmctld is busy)."""
+    out = lab.output(["sbatch", "--parsable", "-J", "bench-watch", "-o", "/dev/null", "--wrap", "true"])
+    return out.strip().split(";")[0]
 
 
-def bench_watch(jobs: int, interval_s: float = 1.0, timeout_s: float = 240.0) -> dict:
+def bench_watch(jobs: int, interval_s: float = 1.0, timeout_s: float = 240.0) -> dict[str, Any]:
     """Submit ``jobs`` tiny jobs and watch them to the end with pyhpc.watch.watch,
     counting every process spawned while watching and, separately, the polls."""
     from pyhpc.slurm import watch
@@ -165,29 +155,30 @@ def bench_watch(jobs: int, interval_s: float = 1.0, timeout_s: float = 240.0) ->
     spawned: list[list[str]] = []
     real_popen = subprocess.Popen
 
-    class CountingPopen(real_popen):  # type: ignore[misc, valid-type]
-        def __init__(self, args, *a, **kw):  # noqa: ANN001
+    class CountingPopen(real_popen):  # type: ignore[misc, valid-type]  # a subclass of Popen
+        def __init__(self, args: Any, *a: Any, **kw: Any) -> None:
             spawned.append(list(args))
             super().__init__(args, *a, **kw)
 
-    polls, seen, start = 0, set(), time.monotonic()
+    polls, start = 0, time.monotonic()
+    seen: set[str] = set()
     real_query = watch.query
 
-    def counted_query(*args, **kwargs):  # noqa: ANN002, ANN003
+    def counted_query(*args: Any, **kwargs: Any) -> dict[str, str]:
         nonlocal polls
         polls += 1
         result = real_query(*args, **kwargs)
         seen.update(result.values())
         return result
 
-    subprocess.Popen = CountingPopen  # type: ignore[misc]
-    watch.query = counted_query  # type: ignore[assignment]
+    subprocess.Popen = CountingPopen  # type: ignore[misc]  # counting, put back below
+    watch.query = counted_query
     try:
         states = watch.watch(ids, interval_s=interval_s, timeout_s=timeout_s, quiet=True)
     finally:
-        subprocess.Popen = real_popen  # type: ignore[misc]
-        watch.query = real_query  # type: ignore[assignment]
-        subprocess.run(["scancel", "-n", "bench-watch"], check=False)
+        subprocess.Popen = real_popen  # type: ignore[misc]  # put back
+        watch.query = real_query
+        lab.cancel("bench-watch")
     return {"jobs": len(ids), "polls": polls, "processes_spawned": len(spawned),
             "queries_per_poll": len(spawned) / polls, "commands": sorted({c[0] for c in spawned}),
             "states_seen": sorted(seen), "final_states": dict(sorted(Counter(states.values()).items())),
@@ -205,7 +196,7 @@ def main() -> int:
         return 0
     for tool in ("sbatch", "srun", "squeue", "sacct"):
         if not shutil.which(tool):
-            sys.exit(f"bench/jobs.py: {tool} not found: deploy the lab first (make deploy)")
+            sys.exit(f"benchmarks.jobs: {tool} not found: deploy the lab first (make deploy)")
     work = Path(tempfile.mkdtemp(prefix="pyhpc-bench-"))
     work.chmod(0o755)
     submit = bench_submit(work, 7)
@@ -219,21 +210,16 @@ def main() -> int:
     watched = bench_watch(100)
     print(f"(c) watching {watched['jobs']} jobs: {watched['queries_per_poll']:.0f} Slurm "
           f"query per poll ({watched['processes_spawned']} processes in {watched['polls']} polls)")
+    passed = {"submit_ratio": submit["ratio"] <= 1.2, "harness_ratio": overhead["ratio"] >= 0.99,
+              "queries_per_poll": watched["queries_per_poll"] == 1}
     result = {
-        "benchmark": "jobs",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {"machine": platform.machine(), "python": platform.python_version(),
-                 "cores": os.cpu_count()},
         "cluster": "lab (4 emulated nodes on one 2-core machine)",
         "submit_to_running": submit, "harness_overhead": overhead, "watch_queries": watched,
-        "pass": {"submit_ratio": submit["ratio"] <= 1.2, "harness_ratio": overhead["ratio"] >= 0.99,
-                 "queries_per_poll": watched["queries_per_poll"] == 1},
+        "pass": passed,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {record.write('jobs', result).relative_to(ROOT)}")
     shutil.rmtree(work, ignore_errors=True)
-    return 0 if all(result["pass"].values()) else 1
+    return 0 if all(passed.values()) else 1
 
 
 if __name__ == "__main__":

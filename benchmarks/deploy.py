@@ -3,31 +3,29 @@
 In one run: purge the cluster (`make undeploy PURGE=1`), time `apt-get install`
 of exactly the roles' package lists, purge again, time a fresh `make deploy`,
 then time an idempotent re-run. Prints the figures and writes
-bench/results/deploy.json. Targets (issue 2): fresh deploy <= 1.5x the package
+benchmarks/results/deploy.json. Targets (issue 2): fresh deploy <= 1.5x the package
 install, re-run <= 60 s. This purges the lab: it is down for a few minutes and
 comes back up at the end (also when a step fails).
 
-    python bench/deploy.py            # the benchmark (purges and redeploys)
-    python bench/deploy.py --dry-run  # print the plan and package list only
+    python -m benchmarks.deploy            # the benchmark (purges and redeploys)
+    python -m benchmarks.deploy --dry-run  # print the plan and package list only
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
-from pathlib import Path
+from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks import record
+
+ROOT = record.ROOT
 ROLES = ROOT / "ansible" / "roles"
-RESULT = ROOT / "bench" / "results" / "deploy.json"
 FRESH_RATIO_TARGET = 1.5
 RERUN_TARGET_S = 60.0
 RECAP = re.compile(r"^\S+\s+: ok=\d+\s+changed=(\d+)", re.M)
@@ -39,7 +37,7 @@ def changed_tasks(output: str) -> list[str]:
     """Names of the tasks that reported a change (e.g. the repo copy after an edit)."""
     names = []
     parts = TASK.split(output)
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if re.search(r"^changed: ", body, re.M):
             names.append(name)
     return names
@@ -81,7 +79,7 @@ def make(*args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
     return timed(["make", "--no-print-directory", *args], env)
 
 
-def run_benchmark(pkgs: list[str]) -> dict[str, object]:
+def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
     apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     make("undeploy", "PURGE=1")
     install_s, _ = timed(["apt-get", "install", "-y", "-q", *pkgs], apt_env)
@@ -92,8 +90,6 @@ def run_benchmark(pkgs: list[str]) -> dict[str, object]:
     changed = [int(c) for c in RECAP.findall(rerun_out)]
     ratio = fresh_s / install_s
     return {
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "packages": pkgs,
         "package_install_s": round(install_s, 1),
         "fresh_deploy_s": round(fresh_s, 1),
@@ -118,7 +114,7 @@ def main() -> int:
         print("packages:", " ".join(pkgs))
         print("plan: make undeploy PURGE=1; time apt-get install -y <packages>; "
               "make undeploy PURGE=1; time make deploy; time make deploy")
-        print(f"writes {RESULT.relative_to(ROOT)}")
+        print(f"writes {record.path('deploy').relative_to(ROOT)}")
         return 0
     try:
         result = run_benchmark(pkgs)
@@ -126,14 +122,13 @@ def main() -> int:
         if subprocess.run(["make", "--no-print-directory", "-s", "lab-up"], cwd=ROOT,
                           check=False).returncode != 0:
             print("bench: the lab did not come back up; run make deploy", file=sys.stderr)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    written = record.write("deploy", result)
     print(f"package install  {result['package_install_s']:7.1f} s")
     print(f"fresh deploy     {result['fresh_deploy_s']:7.1f} s  "
           f"({result['fresh_over_packages']}x packages; target <= {FRESH_RATIO_TARGET}x)")
     print(f"re-run           {result['rerun_s']:7.1f} s  "
           f"(changed={result['rerun_changed']}; target <= {RERUN_TARGET_S:.0f} s)")
-    print(f"wrote {RESULT.relative_to(ROOT)}")
+    print(f"wrote {written.relative_to(ROOT)}")
     return 0
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Container overhead on the lab: the reference job in the image vs the same job bare.
 
 One run measures everything: a rebuild of the CPU image (`pyhpc containers build
@@ -6,28 +5,30 @@ One run measures everything: a rebuild of the CPU image (`pyhpc containers build
 job (pyhpc.train, synthetic mode) alternately bare (ddp-srun) and in the image
 (container), REPEATS times each. Overhead = best container throughput / best bare
 throughput (target >= 0.97): on the shared 2-core lab other load only slows runs down,
-so the best of N is the least disturbed figure (medians and pair ratios are recorded too). Writes bench/results/containers.json.
+so the best of N is the least disturbed figure (medians and pair ratios are recorded too).
+Writes benchmarks/results/containers.json.
 
-Usage: /opt/pyhpc/venv/bin/python bench/containers.py [--repeats N] [--no-rebuild|--from-scratch]
+Usage: python -m benchmarks.containers [--repeats N] [--no-rebuild|--from-scratch]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks import lab, record
+
+ROOT = record.ROOT
 PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
+JOB_PYTHON = "/opt/pyhpc/venv/bin/python"
 IMAGE_DIR = Path("/opt/pyhpc/images/pyhpc-cpu")
-RESULT = ROOT / "bench" / "results" / "containers.json"
 TARGET = 0.97
 PODMAN_RUN = ["podman", "--storage-driver", "vfs", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
               "--events-backend", "file", "run", "--rm", "--log-driver", "none", "--network", "host",
@@ -37,7 +38,7 @@ PODMAN_RUN = ["podman", "--storage-driver", "vfs", "--runtime", "runc", "--cgrou
 def pyhpc(cwd: Path, *args: str, timeout: int = 1800, cli: tuple[str, ...] = (PYHPC,)) -> str:
     proc = subprocess.run([*cli, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        sys.exit(f"bench/containers.py: pyhpc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+        sys.exit(f"benchmarks.containers: pyhpc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
 
 
@@ -46,38 +47,38 @@ def forget_build() -> None:
     podman = ["podman", "--storage-driver", "vfs", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
               "--events-backend", "file"]
     for ref in ("localhost/pyhpc-cpu:latest", "localhost/pyhpc-base:bookworm"):
-        subprocess.run([*podman, "rmi", "-f", ref], capture_output=True)
-    subprocess.run([*podman, "image", "prune", "-f"], capture_output=True)
+        subprocess.run([*podman, "rmi", "-f", ref], capture_output=True, check=False)
+    subprocess.run([*podman, "image", "prune", "-f"], capture_output=True, check=False)
     subprocess.run(["rm", "-rf", "/var/cache/pyhpc/containers"], check=True)
 
 
-def build(rebuild: bool) -> dict:
+def build(rebuild: bool) -> dict[str, Any]:
     start = time.monotonic()
     # This checkout's builder, as `make containers` runs it; jobs go through the deployed CLI.
     pyhpc(ROOT, "containers", "build", "--variant", "cpu", *(["--force"] if rebuild else []),
           cli=(sys.executable, "-m", "pyhpc"))
     wall = time.monotonic() - start
-    record = json.loads((IMAGE_DIR / "image.json").read_text())
+    made = json.loads((IMAGE_DIR / "image.json").read_text())
     return {
         "rebuilt_in_this_run": rebuild,
         "build_wall_seconds": round(wall, 1) if rebuild else None,
-        "build_seconds_recorded": record["total_seconds"],
-        "podman_build_seconds": record["build_seconds"],
-        "base_bootstrap_seconds": record["base_seconds"],
-        "image_size_bytes": record["image_size_bytes"],
-        "image_size_mb": round(record["image_size_bytes"] / 1e6),
-        "rootfs_bytes": record["rootfs_bytes"],
-        "image_ref": record["ref"],
+        "build_seconds_recorded": made["total_seconds"],
+        "podman_build_seconds": made["build_seconds"],
+        "base_bootstrap_seconds": made["base_seconds"],
+        "image_size_bytes": made["image_size_bytes"],
+        "image_size_mb": round(made["image_size_bytes"] / 1e6),
+        "rootfs_bytes": made["rootfs_bytes"],
+        "image_ref": made["ref"],
     }
 
 
-def job(work: Path, template: str, tag: str, args: str) -> dict:
+def job(work: Path, template: str, tag: str, args: str) -> dict[str, Any]:
     run = work / tag
     out = pyhpc(work, "submit", template, "--nodes", "2", "--set", "module=pyhpc.train",
                 "--set", f"args=--out {run} {args}", "--wait", "--json")
-    result = json.loads(out)
+    result: dict[str, Any] = json.loads(out)
     if result["state"] != "COMPLETED":
-        sys.exit(f"bench/containers.py: {template} job {result['job_id']} ended {result['state']}")
+        sys.exit(f"benchmarks.containers: {template} job {result['job_id']} ended {result['state']}")
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     return {"template": template, "job_id": result["job_id"], "samples_per_s": row["samples_per_s"],
             "loadavg_after": os.getloadavg()[0],
@@ -85,29 +86,11 @@ def job(work: Path, template: str, tag: str, args: str) -> dict:
             "workers": row["workers"], "nodes": row["nodes"]}
 
 
-def overlapping(job_id: str) -> list[str]:
-    """Other Slurm jobs that ran at the same time as ``job_id`` (the lab is shared)."""
-    out = subprocess.run(["sacct", "-a", "-X", "-n", "-P", "-S", "now-2hours", "-o", "JobID,Start,End"],
-                         capture_output=True, text=True, check=True).stdout
-    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
-    times = {j: (s, e) for j, s, e in rows}
-    start, end = times[job_id]
-    return [j for j, (s, e) in times.items() if j != job_id and s not in ("Unknown", "None")
-            and s < end and (e in ("Unknown", "None") or e > start)]
-
-
-def wait_for_idle_queue(limit: float = 180) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if not subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
-            return
-        time.sleep(2)
-
-
 def direct(work: Path, tag: str, args: str, boxed: bool) -> float:
     """One training process outside Slurm, bare or in the image (podman --rootfs, as jobs run it)."""
     out = work / tag
-    cmd = ["/opt/pyhpc/venv/bin/python", "-m", "pyhpc.train", "--out", str(out), *args.split()]
+    # The deployed environment: the one the image mirrors.
+    cmd = [JOB_PYTHON, "-m", "pyhpc.train", "--out", str(out), *args.split()]
     if boxed:
         cmd = [*PODMAN_RUN, "--env-file", str(IMAGE_DIR / "env"), "--env", "PYTHONPATH=/opt/pyhpc/src",
                "--volume", "/opt/pyhpc/src:/opt/pyhpc/src:ro", "--volume", f"{work}:{work}",
@@ -120,7 +103,8 @@ def direct(work: Path, tag: str, args: str, boxed: bool) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=6, help="jobs per kind (alternating)")
-    parser.add_argument("--no-rebuild", action="store_true", help="reuse the image; build time from its record")
+    parser.add_argument("--no-rebuild", action="store_true",
+                        help="reuse the image; build time from its record")
     parser.add_argument("--from-scratch", action="store_true",
                         help="build cold: no base image, no wheel cache (what a fresh CI machine does)")
     parser.add_argument("--direct-pairs", type=int, default=4,
@@ -134,27 +118,27 @@ def main() -> int:
     image["from_scratch"] = args.from_scratch
     print(f"image: {image['image_size_mb']} MB, build {image['build_seconds_recorded']} s "
           f"(podman build {image['podman_build_seconds']} s)")
-    runs = []
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-containers-") as tmp:
         work = Path(tmp)
         work.chmod(0o755)
         attempt = 0
         # At least REPEATS pairs, and more (up to 3x) until each side has 2 runs alone on the lab.
         while attempt < args.repeats or (attempt < 3 * args.repeats and min(
-                sum(1 for r in runs if r["template"] == t and not r["overlapping_jobs"])
+                len([r for r in runs if r["template"] == t and not r["overlapping_jobs"]])
                 for t in ("ddp-srun", "container")) < 2):
             attempt += 1
-            wait_for_idle_queue()
+            lab.wait_for_idle_queue()
             for template in ("ddp-srun", "container"):
                 row = job(work, template, f"{template}-{attempt}", args.train_args)
                 row["pair"] = attempt
-                row["overlapping_jobs"] = overlapping(row["job_id"])
+                row["overlapping_jobs"] = lab.overlapping(row["job_id"])
                 print(f"  {template:9s} job {row['job_id']}: {row['samples_per_s']:.0f} samples/s"
                       + (f" (shared the lab with jobs {', '.join(row['overlapping_jobs'])})"
                          if row["overlapping_jobs"] else ""))
                 runs.append(row)
         # Diagnostic: one process, no Slurm, no second rank: little exposed to other load.
-        direct_pairs = []
+        direct_pairs: list[dict[str, float]] = []
         for i in range(args.direct_pairs):
             b = direct(work, f"direct-bare-{i}", args.train_args, boxed=False)
             c = direct(work, f"direct-container-{i}", args.train_args, boxed=True)
@@ -174,15 +158,15 @@ def main() -> int:
     # ratio. Medians and pair ratios are kept for comparison.
     ratio = boxes_best / bares_best
     bare, boxed = statistics.median(bares), statistics.median(boxes)
-    pairs = [c / b for b, c in zip(bares, boxes)]
-    clean = [c / b for b, c, rb, rc in zip(bares, boxes, runs[0::2], runs[1::2])
+    pairs = [c / b for b, c in zip(bares, boxes, strict=False)]
+    clean = [c / b for b, c, rb, rc in zip(bares, boxes, runs[0::2], runs[1::2], strict=False)
              if not rb["overlapping_jobs"] and not rc["overlapping_jobs"]]
     p50 = {t: max(r["global_batch"] / r["step_time_p50"] for r in runs if r["template"] == t)
            for t in ("ddp-srun", "container")}
-    result = {
-        "benchmark": "containers",
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": f"{platform.node()}, {platform.machine()}, lab cluster (2 emulated CPU nodes)",
+    direct_median = (round(statistics.median(p["ratio"] for p in direct_pairs), 4)
+                     if direct_pairs else None)
+    result: dict[str, Any] = {
+        "cluster": "lab (2 emulated CPU nodes)",
         "workload": f"pyhpc.train {args.train_args}, 2 nodes x 1 task, gloo",
         "image": image,
         "throughput": {"container_over_bare": round(ratio, 4), "target": TARGET,
@@ -199,19 +183,15 @@ def main() -> int:
                        "pair_ratios": [round(x, 4) for x in pairs],
                        "pair_ratios_without_other_jobs": [round(x, 4) for x in clean],
                        "repeats": args.repeats, "pairs_run": attempt},
-        "direct_one_process": {
-            "container_over_bare_median": round(statistics.median(p["ratio"] for p in direct_pairs), 4)
-            if direct_pairs else None,
-            "pairs": direct_pairs},
+        "direct_one_process": {"container_over_bare_median": direct_median, "pairs": direct_pairs},
         "runs": runs,
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    written = record.write("containers", result)
     print(f"container/bare throughput (best runs): {ratio:.3f} (target >= {TARGET}); "
           f"bare {bares_best:.0f}, container {boxes_best:.0f} samples/s; medians {bare:.0f} / "
-          f"{boxed:.0f} -> {RESULT.relative_to(ROOT)}")
-    if direct_pairs:
-        print(f"direct, one process: container/bare {result['direct_one_process']['container_over_bare_median']:.3f}")
+          f"{boxed:.0f} -> {written.relative_to(ROOT)}")
+    if direct_median is not None:
+        print(f"direct, one process: container/bare {direct_median:.3f}")
     return 0
 
 
