@@ -3,7 +3,7 @@
 The one directory check, the import path of what pyhpc starts, private job folders,
 templates that cannot run code, reads that never block on a planted FIFO, and runs that
 report nothing unless they have results. (Two real users on the lab:
-tests/integration/test_isolation.py.)
+tests/integration/test_hostile_colleagues.py.)
 """
 from __future__ import annotations
 
