@@ -40,6 +40,11 @@ def limits(a):
     return f"{a['maxjobs']}|{a['maxsubmit']}|{tres}"
 if verb == "show" and entity == "cluster":
     print("\n".join(state["clusters"]))
+elif verb == "show" and entity == "tres":
+    # Known once slurmctld has registered AccountingStorageTRES (a fresh database has none).
+    state["tres_asks"] = state.get("tres_asks", 0) + 1
+    if state["tres_asks"] > state.get("tres_after", 0):
+        print("1001")
 elif verb == "show" and entity == "account":
     for name, (org, desc) in sorted(state["accounts"].items()):
         print(f"{name}|{org}|{desc}")
@@ -79,6 +84,11 @@ PLAYBOOK = """\
       ansible.builtin.include_role:
         name: slurm
         tasks_from: accounts
+    # As controller.yml does, once slurmctld has started.
+    - name: Run the slurm role's per-user limits tasks
+      ansible.builtin.include_role:
+        name: slurm
+        tasks_from: account-limits
 """
 
 
@@ -194,3 +204,25 @@ def test_per_user_limits_are_set_changed_and_cleared_once_each(dbd: Slurmdbd) ->
     code, report = dbd.deploy(definition())
     assert all(a["maxjobs"] == "" for a in dbd.load()["assocs"])
     assert dbd.deploy(definition())[1]["stats"]["localhost"]["changed"] == 0
+
+
+def test_limits_wait_until_slurmctld_has_registered_the_gpu_tres(dbd: Slurmdbd) -> None:
+    """A fresh database knows no gres/gpu until slurmctld's first start registers it:
+    sacctmgr refused the limit there (a new machine's first deploy). The task waits."""
+    data = dbd.load()
+    data["tres_after"] = 2  # the first two asks find none
+    dbd.save(data)
+    code, _ = dbd.deploy(definition(gpus=1))
+    state = dbd.load()
+    assert code == 0 and state["tres_asks"] == 3
+    assert {a["user"]: a["grptres"] for a in state["assocs"] if a["user"]}["user1"] == {"gres/gpu": "1"}
+
+
+def test_no_wait_for_the_tres_when_every_limit_already_holds(dbd: Slurmdbd) -> None:
+    dbd.deploy(definition(gpus=1))
+    data = dbd.load()
+    data["tres_asks"], data["tres_after"] = 0, 99  # a wait now would fail the run
+    dbd.save(data)
+    code, report = dbd.deploy(definition(gpus=1))
+    assert code == 0 and report["stats"]["localhost"]["changed"] == 0
+    assert dbd.load()["tres_asks"] == 0
