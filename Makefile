@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-hostlab containers clean \
+.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-hostlab containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -84,6 +84,9 @@ bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-r
 
 bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-up): benchmarks/results/scale.json, docs/scale-*.png (~30 min; redeploys the lab).
 	$(PY) -m benchmarks.scale
+
+bench-deep: venv lab-up ## Benchmark the deep model: pipeline stages vs unsplit, bubble (1F1B, GPipe), 1 vs 2 nodes, largest depth per stage count (~25 min).
+	$(PY) -m benchmarks.deep
 
 bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/results/<name>.json.
 	$(PY) -m benchmarks.containers --from-scratch
