@@ -24,7 +24,7 @@ from typing import TextIO
 
 from pyhpc import validate
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import slurm
+from pyhpc.slurm import rows, slurm
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                       "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED",
@@ -82,7 +82,7 @@ def _by_job(keys: Iterable[Key]) -> dict[str, list[Key]]:
         out.setdefault(key[0], []).append(key)
         if _in_range(key):
             spec, _, k = str(key[1]).partition("#")
-            ids = slurm.task_ids(spec)
+            ids = rows.task_ids(spec)
             if k.isdigit() and int(k) < len(ids):
                 out.setdefault(f"{key[0]}_{ids[int(k)]}", []).append(key)
     return out
