@@ -20,7 +20,7 @@ from pyhpc.bench import results as bench_results
 from pyhpc.bench import submit as bench_submit
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import jobspec, render, slurm, watch
+from pyhpc.slurm import jobspec, lost, render, slurm, watch
 from pyhpc.slurm import submit as _submit
 from pyhpc.slurm.jobspec import JobSpecError
 from pyhpc.train import config as trainconfig
@@ -83,13 +83,21 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """The states, then for a LOST job one line on stderr and exit status 1."""
     ids = watch.job_ids(args.job_ids) if args.job_ids else slurm.my_job_ids()
-    if args.watch:
-        states = watch.watch(ids, interval_s=watch.interval(args.interval),
-                             source=args.source or "squeue")
-    else:
-        states = watch.query(ids, source=args.source or "sacct")
+    failure: lost.LostError | None = None
+    try:
+        if args.watch:
+            states = watch.watch(ids, interval_s=watch.interval(args.interval),
+                                 source=args.source or "squeue")
+        else:
+            states, failure = watch.inspect(ids, source=args.source or "sacct")
+    except lost.LostError as exc:
+        states, failure = exc.states, exc
     _emit(states, args.json, "\n".join(f"{j}\t{s}" for j, s in states.items()))
+    if failure is not None:
+        print(f"pyhpc: error: {failure}", file=sys.stderr)
+        return 1
     return 0
 
 
