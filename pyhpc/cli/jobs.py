@@ -1,4 +1,4 @@
-"""The job commands of the ``pyhpc`` CLI: render, submit, status, logs, cancel,
+"""The job commands of the ``pyhpc`` CLI: render, submit, status, logs, cancel, resubmit,
 train, scale, report, bench. Each command parses its arguments and makes one call into
 the domain modules; torch is imported only by ``train``, ``scale`` and ``bench``, inside
 them.
@@ -20,7 +20,7 @@ from pyhpc.bench import results as bench_results
 from pyhpc.bench import submit as bench_submit
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import jobspec, lost, render, slurm, watch
+from pyhpc.slurm import jobspec, lost, render, resubmit, slurm, watch
 from pyhpc.slurm import submit as _submit
 from pyhpc.slurm.jobspec import JobSpecError
 from pyhpc.train import config as trainconfig
@@ -117,6 +117,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     slurm.cancel(ids)
     print(f"cancelled {' '.join(ids)}")
     return 0
+
+
+def cmd_resubmit(args: argparse.Namespace) -> int:
+    result = resubmit.resubmit(args.job_id, args.folder, args.force, _cluster())
+    if args.wait:
+        result["state"] = _wait(result["job_id"], args)
+    _emit(result, args.json, result["job_id"])
+    return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
 
 
 def _spec(args: argparse.Namespace, **values: Any) -> jobspec.JobSpec:
@@ -295,6 +303,16 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("cancel", help="cancel jobs")
     p.add_argument("job_ids", nargs="+")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("resubmit", help="submit a LOST job (or one that failed to start) again, "
+                       "from the record pyhpc kept when it submitted it")
+    p.add_argument("job_id")
+    p.add_argument("--folder", default=str(_submit.DEFAULT_FOLDER),
+                   help="the submit folder the job used (its records/ hold the job's record)")
+    p.add_argument("--force", action="store_true",
+                   help="submit it again whatever its state (it may then run twice)")
+    _wait_options(p)
+    p.set_defaults(func=cmd_resubmit)
 
     p = sub.add_parser("train", help="the reference workload (LeNet on digits, or synthetic)")
     _resource_options(p)
