@@ -51,14 +51,15 @@ LEDGER_LIMIT = 16 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Lost:
-    """Why a job is LOST: its run's submit time, the controller's boot time, and what
-    accounting says (or when the admin closed the record: ``fixed_at``)."""
+    """Why a job is LOST: its run's submit time, the controller's boot time (0: unknown),
+    and what accounting says; ``closed_at``: when an admin closed the record (0: unknown),
+    None when nobody did."""
 
     job: str
     submit: int
     boot: int
     state: str
-    fixed_at: int = 0
+    closed_at: int | None = None
 
 
 class LostError(PyhpcError):
@@ -109,7 +110,10 @@ def judge(candidates: Mapping[Key, JobRow]) -> dict[Key, Lost]:
     waiting = {k: r for k, r in candidates.items() if r.state in OPEN and r.submit > 0}
     if not waiting:
         return {}
-    boot = slurm.boot_time()
+    try:
+        boot = slurm.boot_time()
+    except slurm.SlurmError:
+        return {}  # the controller does not answer now: ask again at the next poll
     before = {k: r for k, r in waiting.items() if r.submit < boot}
     if not before or slurm.agent_queue() != 0:
         return {}
@@ -148,7 +152,7 @@ def closed(records: Mapping[Key, JobRow]) -> dict[Key, Lost]:
         entry = entries.get((key[0], row.submit))
         if entry is not None:
             out[key] = Lost(label(key), row.submit, _int(entry.get("boot")), "COMPLETED",
-                            _int(entry.get("fixed_at")) or 1)
+                            _int(entry.get("fixed_at")))
     return out
 
 
@@ -168,13 +172,15 @@ def message(lost: Iterable[Lost]) -> str:
     items = sorted(lost, key=lambda x: (len(x.job), x.job))
     first = items[0]
     base = first.job.split("_")[0]
-    restarted = f"at {stamp(first.boot)}" if first.boot else "since"
-    said = (f"an admin closed its accounting record at {stamp(first.fixed_at)}"
-            if first.fixed_at else f"accounting still says {first.state}, but it will "
-            "never run or end")
+    restarted = f" at {stamp(first.boot)}" if first.boot else ""
+    if first.closed_at is None:
+        said = f"accounting still says {first.state}, but it will never run or end"
+    else:
+        said = "an admin closed its accounting record" + (
+            f" at {stamp(first.closed_at)}" if first.closed_at else "")
     more = f" (and {len(items) - 1} more: {', '.join(x.job for x in items[1:6])}" \
            f"{', ...' if len(items) > 6 else ''})" if len(items) > 1 else ""
-    return (f"job: {first.job} was lost: slurmctld restarted {restarted} before it saved the "
+    return (f"job: {first.job} was lost: slurmctld restarted{restarted} before it saved the "
             f"job, submitted {stamp(first.submit)} ({said}){more}; submit it again with: "
             f"pyhpc resubmit {base}")
 

@@ -216,6 +216,26 @@ def test_the_ledger_matches_the_submit_time_not_only_the_id(ctld, tmp_path, monk
     assert watch.inspect(["42"]) == ({"42": "COMPLETED"}, None)
 
 
+def test_a_ledger_entry_without_times_still_reads_as_one_line(ctld, tmp_path, monkeypatch) -> None:
+    ledger(tmp_path, monkeypatch, {"job": "42", "submit": epoch(BEFORE)})
+    ctld.answers["sacct"] = (0, f"42|COMPLETED|None|{BEFORE}\n")
+    assert str(watch.inspect(["42"])[1]) == (
+        f"job: 42 was lost: slurmctld restarted before it saved the job, submitted {BEFORE} (an "
+        "admin closed its accounting record); submit it again with: pyhpc resubmit 42")
+
+
+def test_a_controller_that_does_not_tell_its_boot_time_now_is_asked_again(ctld) -> None:
+    configs = iter([(1, "", "slurm_load_ctl_conf error: Zero Bytes were transmitted or received"),
+                    (0, CONFIG)])
+    ctld.answers["scontrol"] = lambda argv: next(configs)
+    in_turn(ctld, "squeue", [[f"42|RUNNING|None|{BEFORE}"], [], []])
+    ctld.answers["sacct"] = (0, f"42|RUNNING|None|{BEFORE}\n")
+    tracker = watch.Tracker(["42"], "squeue")
+    for state in ("RUNNING", "RUNNING", "LOST"):
+        tracker.poll()
+        assert tracker.states() == {"42": state}
+
+
 def test_a_ledger_others_can_write_is_ignored(ctld, tmp_path, monkeypatch) -> None:
     ledger(tmp_path, monkeypatch, {"job": "42", "submit": epoch(BEFORE)}, mode=0o666)
     ctld.answers["sacct"] = (0, f"42|COMPLETED|None|{BEFORE}\n")
@@ -273,3 +293,25 @@ def test_the_run_followed_is_the_one_first_seen_then_its_requeues() -> None:
 def test_a_record_without_a_submit_time_is_never_judged(ctld) -> None:
     assert lost.judge({("42", None): JobRow("42", None, "RUNNING")}) == {}
     assert ctld.calls == []
+
+
+# -- pyhpc status ------------------------------------------------------------------------------
+
+def test_status_of_a_lost_job_prints_it_then_one_line_and_exits_1(ctld, capsys) -> None:
+    from pyhpc.cli import main as cli
+
+    ctld.answers["sacct"] = (0, f"42|RUNNING|None|{BEFORE}\n43|COMPLETED|None|{BEFORE}\n")
+    assert cli.main(["status", "42", "43", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"42": "LOST", "43": "COMPLETED"}
+    assert err.startswith("pyhpc: error: job: 42 was lost: ") and err.count("\n") == 1
+
+
+def test_status_with_accounting_down_is_one_line_and_never_lost(ctld, capsys) -> None:
+    from pyhpc.cli import main as cli
+
+    ctld.answers["sacct"] = (1, "", "sacct: error: Problem talking to the database: Connection refused")
+    assert cli.main(["status", "42"]) == 2
+    assert capsys.readouterr().err == ("pyhpc: error: sacct: sacct: error: Problem talking to the "
+                                       "database: Connection refused\n")
+    assert tools(ctld) == ["sacct"]
