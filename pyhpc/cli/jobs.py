@@ -76,6 +76,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in RESOURCE_FLAGS if getattr(args, k) is not None}
     result = _submit.submit_target(args.target, args.args, render.parse_sets(args.set), given,
                                    args.test_only, args.folder, _cluster())
+    if result.get("note"):
+        print(f"pyhpc: note: job {result['job_id']}: {result['note']}", file=sys.stderr)
     if args.wait and "job_id" in result:
         result["state"] = _wait(result["job_id"], args)
     _emit(result, args.json, result.get("job_id") or result.get("test_only", ""))
@@ -121,6 +123,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_resubmit(args: argparse.Namespace) -> int:
     result = resubmit.resubmit(args.job_id, args.folder, args.force, _cluster())
+    if result.get("note"):
+        print(f"pyhpc: note: job {result['job_id']}: {result['note']}", file=sys.stderr)
     if args.wait:
         result["state"] = _wait(result["job_id"], args)
     _emit(result, args.json, result["job_id"])

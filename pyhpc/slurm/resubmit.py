@@ -42,7 +42,8 @@ def resubmit(job_id: str, folder: str | Path = submit.DEFAULT_FOLDER, force: boo
              cluster: Cluster | None = None) -> dict[str, Any]:
     """Submit job ``job_id`` again from its record under ``folder``; returns the new job's
     id, the id it replaces and its kind. Refused (one line) for a job that is neither LOST
-    nor failed to start, unless ``force``."""
+    nor failed to start, unless ``force``. ``note``: why no record of the new job was kept
+    (its submit directory is no longer the user's alone)."""
     job_id = validate.name("job_id", job_id, "job_id", error=ResubmitError)
     record = records.read(folder, job_id)
     if not force:
@@ -58,10 +59,13 @@ def resubmit(job_id: str, folder: str | Path = submit.DEFAULT_FOLDER, force: boo
                             "directory", "job")
     with contextlib.chdir(cwd):
         if record["kind"] in records.SCRIPT_KINDS:
-            new = _script_again(record, the_cluster)
+            new, note = _script_again(record, the_cluster)
         else:
-            new = _call_again(record, the_cluster)
-    return {"job_id": new, "replaces": job_id, "kind": record["kind"]}
+            new, note = _call_again(record, the_cluster)
+    result = {"job_id": new, "replaces": job_id, "kind": record["kind"]}
+    if note:
+        result["note"] = note
+    return result
 
 
 def _spec(record: dict[str, Any]) -> JobSpec | None:
@@ -76,7 +80,7 @@ def _spec(record: dict[str, Any]) -> JobSpec | None:
     return JobSpec(**spec)
 
 
-def _script_again(record: dict[str, Any], cluster: Cluster) -> str:
+def _script_again(record: dict[str, Any], cluster: Cluster) -> tuple[str, str]:
     """sbatch the script kept at submission again, with the same options."""
     script = Path(record["script"])
     data = files.read_owned(script, submit.SCRIPT_LIMIT, "script", private=False)
@@ -87,13 +91,15 @@ def _script_again(record: dict[str, Any], cluster: Cluster) -> str:
     checked = check(spec, cluster) if spec else None
     only = set(record["only"]) if record.get("only") is not None else None
     options = jobspec.sbatch_args(checked, only) if checked else []
-    return submit.sbatch_recorded(script, script, data, options, cluster, {
+    job_id, note = submit.sbatch_recorded(script, data, script.name.rsplit("-", 1)[0], options,
+                                          cluster, {
         "kind": record["kind"], "template": record.get("template"),
         "spec": asdict(checked) if checked else None, "only": record.get("only"),
         "replaces": record["job_id"]})
+    return job_id, note
 
 
-def _call_again(record: dict[str, Any], cluster: Cluster) -> str:
+def _call_again(record: dict[str, Any], cluster: Cluster) -> tuple[str, str]:
     """Submit the call submitit pickled for the job again, with the recorded spec."""
     folder = files.safe_dir(record["job_folder"], arg="folder", writable=False)
     pickled = Path(record["pickle"])
@@ -109,4 +115,4 @@ def _call_again(record: dict[str, Any], cluster: Cluster) -> str:
     job = submit.submit_spec(delayed.function, check(spec, cluster), record["folder"], cluster,
                              delayed.args, delayed.kwargs, kind=record["kind"],
                              replaces=record["job_id"])
-    return str(job.job_id)
+    return str(job.job_id), ""

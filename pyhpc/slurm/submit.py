@@ -40,10 +40,12 @@ class SubmitError(PyhpcError):
 
 @dataclass(frozen=True)
 class ScriptJob:
-    """A job submitted with sbatch: its id and the script it runs."""
+    """A job submitted with sbatch: its id and the script it runs; ``note``: why pyhpc kept
+    no record of it (empty when it did)."""
 
     job_id: str
     script: Path
+    note: str = ""
 
     def state(self) -> str:
         return watch.query([self.job_id])[self.job_id]
@@ -244,11 +246,10 @@ def submit_script(script: str | Path, spec: JobSpec | None = None,
     if not Path(script).is_file():
         raise SubmitError(f"script: no such file {echo(str(script))}")
     data = files.read_bytes(script, SCRIPT_LIMIT, "script")
-    saved = save_script(data, "script")
-    job_id = sbatch_recorded(Path(script), saved, data, options, the_cluster, {
+    job_id, note = sbatch_recorded(Path(script), data, "script", options, the_cluster, {
         "kind": "script", "spec": asdict(checked) if checked else None,
         "only": sorted(only) if only is not None else None, "replaces": None})
-    return ScriptJob(job_id, Path(script))
+    return ScriptJob(job_id, Path(script), note)
 
 
 def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster | None = None,
@@ -260,22 +261,31 @@ def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster |
     script = write_script(text, Path(template).name.split(".")[0])
     if test_only:
         return ScriptJob(sbatch(script, test_only=True, cluster=the_cluster), script)
-    job_id = sbatch_recorded(script, script, text.encode(), [], the_cluster, {
-        "kind": "template", "template": template, "spec": None, "replaces": None})
-    return ScriptJob(job_id, script)
+    job_id, note = sbatch_recorded(script, text.encode(), script.name.rsplit("-", 1)[0], [],
+                                   the_cluster, {"kind": "template", "template": template,
+                                                 "spec": None, "replaces": None})
+    return ScriptJob(job_id, script, note)
 
 
-def sbatch_recorded(script: Path, saved: Path, data: bytes, options: Sequence[str],
-                     cluster: Cluster, fields: Mapping[str, Any]) -> str:
-    """sbatch ``script``, then keep the job's record: ``saved`` (``data``, the same bytes,
-    content-addressed) is what ``pyhpc resubmit`` sbatches again, with ``fields``'s spec."""
-    records.prepare(DEFAULT_FOLDER)
+def sbatch_recorded(script: Path, data: bytes, name: str, options: Sequence[str],
+                    cluster: Cluster, fields: Mapping[str, Any]) -> tuple[str, str]:
+    """sbatch ``script`` (whose bytes are ``data``), then keep the job's record: a copy
+    of ``data`` under ``pyhpc-jobs/scripts`` (content-addressed, as ``name``) is what
+    ``pyhpc resubmit`` sbatches again, with ``fields``'s spec. Returns the job id, and why
+    no record was kept: a script runs from any directory, while pyhpc keeps records only
+    in one that is yours alone."""
+    try:
+        records.prepare(DEFAULT_FOLDER)
+        saved = save_script(data, name)
+    except files.FileError as exc:
+        return sbatch(script, options, cluster=cluster), (
+            f"no record kept of this job, so pyhpc resubmit cannot submit it again ({exc})")
     submitted = int(clock.time())
     job_id = sbatch(script, options, cluster=cluster)
     records.write(DEFAULT_FOLDER, {**fields, "job_id": job_id, "submitted": submitted,
                                    "cwd": os.getcwd(), "script": str(saved),
                                    "sha256": hashlib.sha256(data).hexdigest()})
-    return job_id
+    return job_id, ""
 
 
 def write_script(text: str, name: str, folder: Path = DEFAULT_FOLDER / "scripts") -> Path:
@@ -368,6 +378,8 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
     key = "test_only" if test_only else "job_id"
     if given.get("array"):
         result["array"] = given["array"]
+    if handle.note:
+        result["note"] = handle.note
     return {**result, "script": str(handle.script), key: handle.job_id}
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pyhpc import files
 from pyhpc.cli import main as cli
 from pyhpc.slurm import records, resubmit
 from pyhpc.slurm.rows import stamp
@@ -69,7 +70,9 @@ def test_a_script_job_is_recorded_with_a_copy_of_its_script_and_its_options(clus
     assert cluster.calls == [["sbatch", "--parsable", "--nodes=2", "--", "job.sh"]]
 
 
-def test_records_stay_private_when_output_is_group_readable(cluster, tmp_path) -> None:
+def test_records_stay_private_when_output_is_group_readable(cluster, tmp_path,
+                                                            monkeypatch) -> None:
+    monkeypatch.setenv(files.GROUP_ENV, "0")  # restored afterwards: --group-readable sets it
     (tmp_path / "job.sh").write_text("#!/bin/bash\ntrue\n")
     assert cli.main(["--group-readable", "submit", "job.sh"]) == 0
     path = tmp_path / "pyhpc-jobs" / "records" / "4242.json"
@@ -267,3 +270,21 @@ def test_status_watch_prints_the_states_then_the_lost_line(cluster, capsys) -> N
     assert out == "77\tLOST\n" and err.splitlines()[-2] == "[    0s] 1/1 job finished | LOST 1"
     last = err.splitlines()[-1]
     assert last.startswith("pyhpc: error: job: 77 was lost:") and last.endswith("pyhpc resubmit 77")
+
+
+def test_a_script_from_a_directory_others_can_write_runs_without_a_record(cluster, tmp_path,
+                                                                          monkeypatch,
+                                                                          capsys) -> None:
+    """A script may be submitted from a shared project directory (it runs where it is
+    told); pyhpc writes its record only in a directory that is yours alone, and says so."""
+    shared = tmp_path / "project"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\ntrue\n")
+    monkeypatch.chdir(shared)
+    assert cli.main(["submit", str(tmp_path / "job.sh")]) == 0
+    out, err = capsys.readouterr()
+    assert out == "4242\n" and err.count("\n") == 1
+    assert err.startswith("pyhpc: note: job 4242: no record kept of this job, so pyhpc resubmit "
+                          f"cannot submit it again (folder: refusing {shared / 'pyhpc-jobs' / 'records'}")
+    assert list(shared.iterdir()) == [] and cluster.calls[-1][0] == "sbatch"
