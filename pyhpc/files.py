@@ -165,12 +165,13 @@ def private_umask() -> Iterator[None]:
         os.umask(old)
 
 
-def make_dir(path: str | Path, arg: str = "out") -> Path:
-    """Create ``path`` (and parents) with the private directory mode, after
-    :func:`safe_dir` accepted it; returns the resolved path."""
+def make_dir(path: str | Path, arg: str = "out", mode: int | None = None) -> Path:
+    """Create ``path`` (and parents) with the private directory mode (or ``mode``, which
+    it then has whatever the umask), after :func:`safe_dir` accepted it; returns the
+    resolved path."""
     path = safe_dir(path, arg)
     try:
-        path.mkdir(mode=dir_mode(), parents=True, exist_ok=True)
+        path.mkdir(mode=mode or dir_mode(), parents=True, exist_ok=True)
     except FileExistsError:
         raise FileError(f"{arg}: {path} exists and is not a directory", arg) from None
     except NotADirectoryError:
@@ -179,17 +180,20 @@ def make_dir(path: str | Path, arg: str = "out") -> Path:
         raise FileError(f"{arg}: cannot create directory {path} ({exc.strerror})", arg) from None
     if path.is_symlink() or not path.is_dir():
         raise FileError(f"{arg}: {path} is not a directory", arg)
+    if mode is not None and stat.S_IMODE(path.stat().st_mode) != mode:
+        path.chmod(mode)
     return safe_dir(path, arg)
 
 
 def write_with(path: str | Path, writer: Callable[[BinaryIO], object],
-               arg: str = "out") -> Path:
-    """Write ``path`` atomically through ``writer(fh)``: a private temp file, then rename."""
+               arg: str = "out", mode: int | None = None) -> Path:
+    """Write ``path`` atomically through ``writer(fh)``: a private temp file (``mode``, else
+    :func:`file_mode`), then rename."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(tmp, flags, file_mode())
+        fd = os.open(tmp, flags, mode or file_mode())
     except OSError as exc:
         raise FileError(f"{arg}: cannot write in {path.parent} ({exc.strerror})", arg) from None
     try:
@@ -204,25 +208,33 @@ def write_with(path: str | Path, writer: Callable[[BinaryIO], object],
     return path
 
 
-def write_text(path: str | Path, text: str, arg: str = "out") -> Path:
-    """Atomically write ``text`` (UTF-8) to ``path``."""
+def write_text(path: str | Path, text: str, arg: str = "out", mode: int | None = None) -> Path:
+    """Atomically write ``text`` (UTF-8) to ``path`` (``mode``: see :func:`write_with`)."""
     data = text.encode()
-    return write_with(path, lambda fh: fh.write(data), arg)
+    return write_with(path, lambda fh: fh.write(data), arg, mode)
 
 
-def append_text(path: str | Path, text: str, arg: str = "out") -> None:
-    """Append ``text`` to ``path``, creating it privately; a link or non-file is refused."""
+def append_text(path: str | Path, text: str, arg: str = "out", mode: int | None = None) -> None:
+    """Append ``text`` to ``path``, creating it privately; a link or non-file is refused.
+    With ``mode`` the file must be this user's, and has exactly that mode afterwards
+    (whatever the umask)."""
     # O_NONBLOCK: a FIFO planted at the path must not hang the open (it is refused below).
     flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
              | getattr(os, "O_CLOEXEC", 0))
     try:
-        fd = os.open(path, flags, file_mode())
+        fd = os.open(path, flags, mode or file_mode())
     except OSError as exc:
         raise FileError(f"{arg}: cannot append to {path} ({exc.strerror}; a symlink is "
                         "never followed)", arg) from None
     with os.fdopen(fd, "ab") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
             raise FileError(f"{arg}: {path} is not a regular file", arg)
+        if mode is not None:
+            if info.st_uid != os.geteuid():
+                raise FileError(f"{arg}: {path} belongs to {_name(info.st_uid)}, not to you", arg)
+            if stat.S_IMODE(info.st_mode) != mode:
+                os.fchmod(fh.fileno(), mode)
         fh.write(text.encode())
 
 
@@ -248,6 +260,25 @@ def open_regular(path: str | Path, arg: str = "file") -> BinaryIO:
     if fh is None:
         raise FileError(f"{arg}: cannot read {path} ({why})", arg)
     return fh
+
+
+def read_owned(path: str | Path, limit: int, arg: str = "file", private: bool = True) -> bytes:
+    """The contents of the regular file ``path`` (at most ``limit`` bytes, see
+    :func:`read_bytes`) if it is this user's and nobody else can change it: with
+    ``private`` nobody else may even read it (mode 0600 or less)."""
+    with open_regular(path, arg) as fh:
+        info = os.fstat(fh.fileno())
+        if info.st_uid != os.geteuid():
+            raise FileError(f"{arg}: refusing {path}: it belongs to {_name(info.st_uid)}, "
+                            "not to you", arg)
+        if stat.S_IMODE(info.st_mode) & (0o077 if private else 0o022):
+            what = "private" if private else "writable only by you"
+            raise FileError(f"{arg}: refusing {path}: mode {stat.S_IMODE(info.st_mode):04o} "
+                            f"is not {what}", arg)
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise FileError(f"{arg}: {path} is larger than {limit} bytes", arg)
+    return data
 
 
 def read_bytes(path: str | Path, limit: int, arg: str = "file") -> bytes:

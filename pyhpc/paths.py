@@ -17,6 +17,9 @@ IMAGES = Path("/opt/pyhpc/images")
 #: Written by the login role on every deployed cluster.
 DEPLOYED_CLUSTER = Path("/etc/pyhpc/cluster.yml")
 LAB_CLUSTER = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"
+#: Jobs whose accounting records ``pyhpc doctor --fix-runaway`` closed (root's, 0644,
+#: JSON lines, only appended to): ``pyhpc status`` still calls them LOST.
+RUNAWAY_LEDGER = Path("/var/lib/pyhpc/runaway-jobs.jsonl")
 
 
 def cluster_file() -> Path:

@@ -13,6 +13,9 @@ needs only the controller and the nodes; only the accounting check needs slurmdb
 runs :mod:`pyhpc.admin.gpucheck`; the GPUs the node sees must be the GPUs Slurm has as GRES, and
 the matmul and DCGM must pass. ``--drain`` drains a node only for a fault the node itself
 reported (a check that could not run drains nothing).
+
+The last check lists runaway records (:mod:`pyhpc.admin.runaway`): jobs accounting holds
+open that slurmctld lost in a restart; ``--fix-runaway`` closes them.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import cluster, paths
-from pyhpc.admin import gpucheck
+from pyhpc.admin import gpucheck, runaway
 from pyhpc.errors import PyhpcError
 from pyhpc.slurm import slurm
 
@@ -162,7 +165,18 @@ class Doctor:
                 results.append(self.sacct())
             except slurm.SlurmError as exc:
                 results.append(Check("sacct", False, str(exc)))
+        missing = [c.name for c in (ctld, dbd) if not c.ok]
+        results.append(self.runaway() if not missing else Check(
+            runaway.NAME, False, f"skipped: needs {', '.join(missing)}"))
         return results
+
+    def runaway(self) -> Check:
+        """Jobs accounting holds open that slurmctld lost (see :mod:`pyhpc.admin.runaway`)."""
+        try:
+            ok, detail = runaway.check(runaway.find())
+        except slurm.SlurmError as exc:
+            ok, detail = False, str(exc)
+        return Check(runaway.NAME, ok, detail)
 
 
 def table(checks: Sequence[Check]) -> str:

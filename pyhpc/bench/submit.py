@@ -43,7 +43,7 @@ def submit_bench(cfg: BenchConfig, spec: JobSpec, folder: str, cluster: Cluster)
     checked = check(cfg, spec, cluster)
     from pyhpc.bench.job import BenchTask  # torch: only once the job is known to be good
 
-    return submit_spec(BenchTask(cfg), checked, folder, cluster)
+    return submit_spec(BenchTask(cfg), checked, folder, cluster, kind="bench")
 
 
 def run(cfg: BenchConfig, spec: JobSpec, folder: str, cluster: Cluster, wait: bool = False,

@@ -1,4 +1,4 @@
-"""The job commands of the ``pyhpc`` CLI: render, submit, status, logs, cancel,
+"""The job commands of the ``pyhpc`` CLI: render, submit, status, logs, cancel, resubmit,
 train, scale, report, bench. Each command parses its arguments and makes one call into
 the domain modules; torch is imported only by ``train``, ``scale`` and ``bench``, inside
 them.
@@ -20,7 +20,7 @@ from pyhpc.bench import results as bench_results
 from pyhpc.bench import submit as bench_submit
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import jobspec, render, slurm, watch
+from pyhpc.slurm import jobspec, lost, render, resubmit, slurm, watch
 from pyhpc.slurm import submit as _submit
 from pyhpc.slurm.jobspec import JobSpecError
 from pyhpc.train import config as trainconfig
@@ -76,6 +76,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in RESOURCE_FLAGS if getattr(args, k) is not None}
     result = _submit.submit_target(args.target, args.args, render.parse_sets(args.set), given,
                                    args.test_only, args.folder, _cluster())
+    if result.get("note"):
+        print(f"pyhpc: note: job {result['job_id']}: {result['note']}", file=sys.stderr)
     if args.wait and "job_id" in result:
         result["state"] = _wait(result["job_id"], args)
     _emit(result, args.json, result.get("job_id") or result.get("test_only", ""))
@@ -83,13 +85,21 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """The states, then for a LOST job one line on stderr and exit status 1."""
     ids = watch.job_ids(args.job_ids) if args.job_ids else slurm.my_job_ids()
-    if args.watch:
-        states = watch.watch(ids, interval_s=watch.interval(args.interval),
-                             source=args.source or "squeue")
-    else:
-        states = watch.query(ids, source=args.source or "sacct")
+    failure: lost.LostError | None = None
+    try:
+        if args.watch:
+            states = watch.watch(ids, interval_s=watch.interval(args.interval),
+                                 source=args.source or "squeue")
+        else:
+            states, failure = watch.inspect(ids, source=args.source or "sacct")
+    except lost.LostError as exc:
+        states, failure = exc.states, exc
     _emit(states, args.json, "\n".join(f"{j}\t{s}" for j, s in states.items()))
+    if failure is not None:
+        print(f"pyhpc: error: {failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -109,6 +119,16 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     slurm.cancel(ids)
     print(f"cancelled {' '.join(ids)}")
     return 0
+
+
+def cmd_resubmit(args: argparse.Namespace) -> int:
+    result = resubmit.resubmit(args.job_id, args.folder, args.force, _cluster())
+    if result.get("note"):
+        print(f"pyhpc: note: job {result['job_id']}: {result['note']}", file=sys.stderr)
+    if args.wait:
+        result["state"] = _wait(result["job_id"], args)
+    _emit(result, args.json, result["job_id"])
+    return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
 
 
 def _spec(args: argparse.Namespace, **values: Any) -> jobspec.JobSpec:
@@ -287,6 +307,16 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("cancel", help="cancel jobs")
     p.add_argument("job_ids", nargs="+")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("resubmit", help="submit a LOST job (or one that failed to start) again, "
+                       "from the record pyhpc kept when it submitted it")
+    p.add_argument("job_id")
+    p.add_argument("--folder", default=str(_submit.DEFAULT_FOLDER),
+                   help="the submit folder the job used (its records/ hold the job's record)")
+    p.add_argument("--force", action="store_true",
+                   help="submit it again whatever its state (it may then run twice)")
+    _wait_options(p)
+    p.set_defaults(func=cmd_resubmit)
 
     p = sub.add_parser("train", help="the reference workload (LeNet on digits, or synthetic)")
     _resource_options(p)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import NoReturn
 
-from pyhpc import __version__, cluster, files
-from pyhpc.admin import doctor
+from pyhpc import __version__, cluster, files, paths
+from pyhpc.admin import doctor, runaway
 from pyhpc.cli import admin as cli_admin
 from pyhpc.cli import containers as cli_containers
 from pyhpc.cli import jobs as cli_jobs
@@ -52,8 +52,13 @@ def cmd_cluster_validate(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.drain and not args.gpus:
         raise PyhpcError("--drain: only with --gpus (it drains the GPU nodes that fail)", "--drain")
+    if args.fix_runaway and args.gpus:
+        raise PyhpcError("--fix-runaway: not with --gpus (run them one after the other)",
+                         "--fix-runaway")
     if args.gpus:
         return doctor_gpus(args)
+    if args.fix_runaway:
+        return doctor_fix_runaway(args)
     checks = doctor.Doctor().checks()
     ok = all(c.ok for c in checks)
     if args.json:
@@ -75,6 +80,19 @@ def doctor_gpus(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def doctor_fix_runaway(args: argparse.Namespace) -> int:
+    found, said = runaway.fix()
+    if args.json:
+        print(json.dumps({"closed": [asdict(r) for r in found.records], "boot": found.boot,
+                          "sacctmgr": said}, indent=2))
+    elif not found.records:
+        print("no runaway jobs: slurmctld knows every job accounting holds open")
+    else:
+        print(f"closed {runaway.summary(found)}; recorded in {paths.RUNAWAY_LEDGER}\n"
+              f"{runaway.table(found)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="pyhpc", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"pyhpc {__version__}")
@@ -91,13 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_cluster_validate)
     cli_jobs.add_commands(sub)
     doc = sub.add_parser("doctor", help="check the running cluster (munge, slurmctld, "
-                         "slurmdbd, nodes, a 2-node job, sacct)")
+                         "slurmdbd, nodes, a 2-node job, sacct, runaway jobs)")
     doc.add_argument("--json", action="store_true", help="print the checks as JSON")
     doc.add_argument("--gpus", action="store_true",
                      help="GPU acceptance instead: per GPU node, the GPUs it sees against "
                      "Slurm's GRES, a matmul on them, DCGM diag level 1 where installed")
     doc.add_argument("--drain", action="store_true",
                      help="with --gpus: drain each node that reported a fault, with the reason")
+    doc.add_argument("--fix-runaway", action="store_true",
+                     help="root: close the runaway jobs the check lists (jobs accounting holds "
+                     "open that slurmctld lost in a restart) with sacctmgr, after recording "
+                     "each in the ledger that keeps them LOST for pyhpc status")
     doc.set_defaults(func=cmd_doctor)
     cli_containers.add_commands(sub)
     cli_admin.add_commands(sub)

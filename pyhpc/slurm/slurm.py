@@ -1,24 +1,27 @@
 """The one place that runs Slurm's commands: sbatch, squeue, sacct, scancel, scontrol,
-sinfo, sacctmgr and srun (plus munge's, for the doctor).
+sinfo, sacctmgr, sdiag and srun (plus munge's, for the doctor).
 
 Client behaviour schedulers ask of their clients lives here too: one query per poll
 for any number of jobs, a bounded retry with backoff while slurmctld is busy, and a
 clear error when a command is missing. Queries use ``--json`` where the installed
 Slurm answers it (22.05's openapi/v0.0.38 and later) and fall back to parsing the
-text output where it does not. Tests replace :data:`RUNNER`, and nothing else.
+text output where it does not (parsed in :mod:`pyhpc.slurm.rows`). Tests replace
+:data:`RUNNER`, and nothing else.
 """
 from __future__ import annotations
 
-import functools
 import json
+import os
 import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm.rows import JobRow as JobRow  # re-exported: the rows every caller reads
+from pyhpc.slurm.rows import OpenRecord, open_rows, sacct_rows, squeue_rows, stamp, text_rows
+from pyhpc.slurm.rows import epoch as epoch
 
 #: ``RUNNER(argv, stdin, timeout_s)``: how every command is run. Tests replace it.
 Runner = Callable[[Sequence[str], "str | None", float], "subprocess.CompletedProcess[str]"]
@@ -42,24 +45,20 @@ class SlurmError(PyhpcError):
     """A Slurm command is missing, timed out or refused; the message names the command."""
 
 
+#: Tools whose printed times pyhpc reads: asked for Slurm's standard format whatever the
+#: caller's SLURM_TIME_FORMAT says (never set for sbatch or srun: jobs inherit it).
+TIME_READERS = ("squeue", "sacct", "scontrol", "sdiag", "sacctmgr")
+
+
 def run_command(argv: Sequence[str], stdin: str | None, timeout_s: float,
                 ) -> subprocess.CompletedProcess[str]:
     """The real runner: capture text output; never raises for a non-zero exit."""
+    env = {**os.environ, "SLURM_TIME_FORMAT": "standard"} if argv[0] in TIME_READERS else None
     return subprocess.run(list(argv), input=stdin, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+                          timeout=timeout_s, check=False, env=env)
 
 
 RUNNER: Runner = run_command
-
-
-@dataclass(frozen=True)
-class JobRow:
-    """One job or array task as Slurm reports it. ``job_id`` is the array's id for tasks."""
-
-    job_id: str
-    task: str | None
-    state: str
-    reason: str = ""
 
 
 def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
@@ -171,94 +170,13 @@ def _rows(json_argv: list[str], text_argv: list[str],
     return text_rows(proc.stdout)
 
 
-def _number(value: Any) -> int | None:
-    """An integer from JSON that is either a number or ``{"set": .., "number": ..}``."""
-    if isinstance(value, dict):
-        return int(value["number"]) if value.get("set", True) and "number" in value else None
-    if isinstance(value, bool) or value is None:
-        return None
-    return int(value)
-
-
-def _state(value: Any) -> str:
-    """A state from JSON: ``"RUNNING"`` (v0.0.38) or ``["RUNNING", ...]`` (later)."""
-    if isinstance(value, list):
-        return str(value[0]) if value else "UNKNOWN"
-    return str(value or "UNKNOWN")
-
-
-def task_count(spec: str) -> int:
-    """How many tasks an array expression such as ``2-999%4`` or ``1,3,5-7`` names."""
-    return len(task_ids(spec))
-
-
-@functools.lru_cache(maxsize=64)
-def task_ids(spec: str) -> tuple[int, ...]:
-    """The task ids an array expression names, in its order: ``1,3,5-7`` is 1, 3, 5, 6, 7."""
-    ids: list[int] = []
-    for part in spec.split("%")[0].split(","):
-        lo, _, rest = part.partition("-")
-        hi, _, step = rest.partition(":")
-        if lo.isdigit() and (not hi or hi.isdigit()) and (not step or step.isdigit()):
-            ids += range(int(lo), int(hi or lo) + 1, max(int(step or 1), 1))
-    return tuple(ids)
-
-
-def squeue_rows(data: dict[str, Any]) -> list[JobRow]:
-    """squeue --json's jobs as rows; a pending array range is one row per task."""
-    rows: list[JobRow] = []
-    for job in data.get("jobs", []):
-        array = _number(job.get("array_job_id"))
-        task = _number(job.get("array_task_id"))
-        state, reason = _state(job.get("job_state")), str(job.get("state_reason") or "")
-        pending = str(job.get("array_task_string") or "")
-        if array and pending and task is None:
-            rows += [JobRow(str(array), f"{pending}#{k}", state, reason)
-                     for k in range(task_count(pending))]
-        elif array:
-            rows.append(JobRow(str(array), str(task), state, reason))
-        else:
-            rows.append(JobRow(str(job.get("job_id")), None, state, reason))
-    return rows
-
-
-def sacct_rows(data: dict[str, Any]) -> list[JobRow]:
-    """sacct --json's jobs (steps are nested inside, so each job is one row)."""
-    rows: list[JobRow] = []
-    for job in data.get("jobs", []):
-        array = job.get("array") or {}
-        array_id = _number(array.get("job_id"))
-        task = _number(array.get("task_id"))
-        state = job.get("state") or {}
-        current, reason = _state(state.get("current")), str(state.get("reason") or "")
-        if array_id and task is not None:
-            rows.append(JobRow(str(array_id), str(task), current, reason))
-        else:
-            rows.append(JobRow(str(job.get("job_id")), None, current, reason))
-    return rows
-
-
-def text_rows(text: str) -> list[JobRow]:
-    """``JobID|State[|Reason]`` lines of squeue -o / sacct -P; step lines are skipped."""
-    rows: list[JobRow] = []
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 2 or "." in parts[0]:  # 123.batch, 123.0: the job's line has it
-            continue
-        jid, _, task = parts[0].split("+")[0].partition("_")
-        state = parts[1].split()[0] if parts[1].split() else "UNKNOWN"
-        reason = parts[2] if len(parts) > 2 else ""
-        if task.startswith("["):  # sacct's pending range 7_[2-999%4]
-            spec = task.strip("[]")
-            rows += [JobRow(jid, f"{spec}#{k}", state, reason) for k in range(task_count(spec))]
-        else:
-            rows.append(JobRow(jid, task or None, state, reason))
-    return rows
-
-
 def _wanted(rows: Iterable[JobRow], job_ids: Sequence[str]) -> list[JobRow]:
     wanted = {j.split("_")[0] for j in job_ids}
     return [r for r in rows if r.job_id in wanted]
+
+
+#: squeue's text columns: id, state, reason, submit time (parsed by rows.text_rows).
+SQUEUE_FORMAT = "%i|%T|%r|%V"
 
 
 def queue(job_ids: Sequence[str]) -> list[JobRow]:
@@ -270,18 +188,62 @@ def queue(job_ids: Sequence[str]) -> list[JobRow]:
         return []
     ids = ",".join(job_ids)
     return _wanted(_rows(["squeue", "-t", "all", "-j", ids],
-                         ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r", "-j", ids],
+                         ["squeue", "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT, "-j", ids],
                          squeue_rows), job_ids)
 
 
+def known_jobs() -> list[JobRow]:
+    """Every job slurmctld knows (root sees every user's): ONE squeue call."""
+    return _rows(["squeue", "-t", "all"], ["squeue", "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT],
+                 squeue_rows)
+
+
 def accounting(job_ids: Sequence[str]) -> list[JobRow]:
-    """Every job and array task of ``job_ids`` in the accounting database: ONE sacct call."""
+    """Every record of every job and array task of ``job_ids`` in the accounting database,
+    each with its submit time: ONE sacct call. ``-D``: a requeued job's earlier runs, and
+    an older job whose id a new one reuses, are rows too (without it sacct shows only the
+    newest job of an id)."""
     if not job_ids:
         return []
     ids = ",".join(job_ids)
     # No -X in the text form: Slurm 22.05's sacct -X drops array tasks; steps are skipped.
-    return _wanted(_rows(["sacct", "-j", ids], ["sacct", "-n", "-P", "-o", "JobID,State,Reason",
-                                                 "-j", ids], sacct_rows), job_ids)
+    return _wanted(_rows(["sacct", "-D", "-j", ids],
+                         ["sacct", "-n", "-P", "-D", "-o", "JobID,State,Reason,Submit", "-j", ids],
+                         sacct_rows), job_ids)
+
+
+def boot_time() -> int:
+    """When slurmctld last started (``scontrol show config``'s BOOT_TIME), epoch seconds;
+    0 when it does not say. Every user may ask."""
+    text = run(["scontrol", "show", "config"]).stdout
+    found = re.search(r"^BOOT_TIME\s*=\s*(\S+)", text, re.MULTILINE)
+    return epoch(found.group(1)) if found else 0
+
+
+def agent_queue() -> int | None:
+    """How many accounting messages slurmctld holds, not yet sent to slurmdbd (``sdiag``'s
+    DBD Agent queue size; every user may ask); None when sdiag does not say."""
+    proc = run(["sdiag"], check=False)
+    found = re.search(r"DBD Agent queue size:\s*(\d+)", proc.stdout)
+    return int(found.group(1)) if proc.returncode == 0 and found else None
+
+
+#: The states ``sacct -s`` selects for records that may have no end.
+OPEN_STATE_NAMES = "pending,running,requeued,suspended"
+
+
+def open_records(since: int) -> list[OpenRecord]:
+    """Every user's accounting records submitted since ``since`` (epoch) that have no end
+    (``sacct -a``; root sees all): ONE sacct call. Steps are skipped, array tasks kept."""
+    proc = run(["sacct", "-a", "-n", "-P", "-s", OPEN_STATE_NAMES, "-S", stamp(since),
+                "-o", "JobID,User,Account,Submit,State,End"])
+    return open_rows(proc.stdout)
+
+
+def fix_runaway() -> str:
+    """``sacctmgr -i show runawayjobs``: accounting closes the records of jobs slurmctld
+    does not know (COMPLETED, end = start); returns what sacctmgr printed."""
+    return run(["sacctmgr", "-i", "show", "runawayjobs"]).stdout
 
 
 def step_states(job_id: str) -> dict[str, str]:

@@ -2,32 +2,36 @@
 
 Every path checks the resource request against the cluster definition first
 (:mod:`pyhpc.slurm.jobspec`), so a bad request submits nothing. ``pyhpc.submit`` is
-:func:`submit`, exported by the package from this private module.
+:func:`submit`, exported by the package from this private module. Every job submitted
+here (but the tasks of :func:`submit_array`) leaves a private record of what it takes to
+submit it again (:mod:`pyhpc.slurm.records`; ``pyhpc resubmit``).
 """
 from __future__ import annotations
 
 import getpass
 import hashlib
-import itertools
 import os
 import re
 import shlex
 import sys
+import time as clock
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pyhpc import dist, files, paths, validate
 from pyhpc.cluster import Cluster, load
 from pyhpc.errors import PyhpcError, echo
-from pyhpc.slurm import jobspec, render, slurm, watch
+from pyhpc.slurm import jobspec, records, render, slurm, watch
 from pyhpc.slurm.jobspec import JobSpec, check
 
 #: Where submitit keeps pickles and logs, and where rendered scripts are written.
 DEFAULT_FOLDER = Path("pyhpc-jobs")
 FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 KINDS = ("template", "script", "function")
+#: Largest script pyhpc keeps a copy of (slurmctld's default max_script_size).
+SCRIPT_LIMIT = 4 * 1024 * 1024
 
 
 class SubmitError(PyhpcError):
@@ -36,10 +40,12 @@ class SubmitError(PyhpcError):
 
 @dataclass(frozen=True)
 class ScriptJob:
-    """A job submitted with sbatch: its id and the script it runs."""
+    """A job submitted with sbatch: its id and the script it runs; ``note``: why pyhpc kept
+    no record of it (empty when it did)."""
 
     job_id: str
     script: Path
+    note: str = ""
 
     def state(self) -> str:
         return watch.query([self.job_id])[self.job_id]
@@ -85,18 +91,13 @@ def _refused(text: str, cluster: Cluster) -> SubmitError:
     return SubmitError(plain or f"sbatch: {lines[-1] if lines else 'refused the job'}", "sbatch")
 
 
-#: Parts of a submitit folder that Slurm or submitit fill in per job.
-JOB_TAGS = ("%j", "%t", "%A", "%a")
-
-
 def job_folder(folder: str | Path) -> Path:
     """The submitit ``folder`` with its per-job part under a directory that passed the one
     check (:func:`pyhpc.files.make_dir`: the user's alone, created private): nobody else
     can plant a job's pickle there before submitit writes it, or read it after."""
-    parts = Path(folder).parts
-    fixed = [p for p in itertools.takewhile(lambda p: not any(t in p for t in JOB_TAGS), parts)]
-    root = files.make_dir(Path(*fixed) if fixed else Path("."), arg="folder")
-    return root.joinpath(*parts[len(fixed):])
+    fixed = records.fixed_part(folder)
+    root = files.make_dir(fixed, arg="folder")
+    return root.joinpath(*Path(folder).parts[len(fixed.parts):])
 
 
 def job_python() -> str:
@@ -118,11 +119,12 @@ def job_setup() -> list[str]:
     return [f"export PYTHONPATH={shlex.quote(str(here))}${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
-def _executor(spec: JobSpec, folder: str | Path) -> Any:
-    """A submitit executor for ``spec``, which :func:`~pyhpc.slurm.jobspec.check` has checked."""
+def _executor(spec: JobSpec, folder: Path) -> Any:
+    """A submitit executor for ``spec``, which :func:`~pyhpc.slurm.jobspec.check` has checked,
+    writing in ``folder``, which :func:`job_folder` returned."""
     import submitit
 
-    executor = submitit.AutoExecutor(folder=job_folder(folder), cluster="slurm",
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm",
                                      slurm_python=job_python())
     executor.update_parameters(**jobspec.submitit_parameters(spec),
                                slurm_setup=job_setup(),
@@ -131,18 +133,28 @@ def _executor(spec: JobSpec, folder: str | Path) -> Any:
 
 
 def submit_spec(call: Callable[..., Any], spec: JobSpec, folder: str | Path, cluster: Cluster,
-                args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
+                args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+                kind: str = "function", replaces: str | None = None) -> Any:
     """Submit ``call(*args, **kwargs)`` as a job of ``spec``, a spec that
     :func:`~pyhpc.slurm.jobspec.check` returned for ``cluster``: it reaches submitit as it
-    is, checked once. Returns the submitit Job."""
+    is, checked once. Returns the submitit Job, whose record (``kind``: function, train or
+    bench; ``replaces``: the job it submits again) names its folder and pickle."""
     import submitit
 
-    executor = _executor(spec, folder)
+    pattern = job_folder(folder)
+    executor = _executor(spec, pattern)
+    records.prepare(pattern)
+    submitted = int(clock.time())
     try:
         with files.private_umask():  # the job's folder and files, and Slurm's logs
-            return executor.submit(call, *args, **(kwargs or {}))
+            job = executor.submit(call, *args, **(kwargs or {}))
     except submitit.core.utils.FailedJobError as exc:
         raise _refused(str(exc), cluster) from None
+    records.write(pattern, {
+        "kind": kind, "job_id": str(job.job_id), "submitted": submitted, "cwd": os.getcwd(),
+        "spec": asdict(spec), "folder": str(pattern), "job_folder": str(job.paths.folder),
+        "pickle": str(job.paths.submitted_pickle), "replaces": replaces})
+    return job
 
 
 def submit(fn: Callable[..., Any], *args: Any, nodes: int = 1, tasks_per_node: int | None = None,
@@ -181,7 +193,7 @@ def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], nodes: int = 1,
     spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
                          cpus_per_task=cpus_per_task, partition=partition, time=time,
                          job_name=name), the_cluster)
-    executor = _executor(spec, folder)
+    executor = _executor(spec, job_folder(folder))
     width = int(validate.number("parallelism", parallelism, 1, 100000, error=SubmitError))
     executor.update_parameters(slurm_array_parallelism=width)
     try:
@@ -224,10 +236,20 @@ def submit_script(script: str | Path, spec: JobSpec | None = None,
                   cluster: Cluster | None = None, test_only: bool = False,
                   only: set[str] | None = None) -> ScriptJob:
     """sbatch an existing script; a ``spec`` (checked first) overrides its #SBATCH lines
-    (all its fields, or the ``only`` ones the caller set)."""
+    (all its fields, or the ``only`` ones the caller set). The job's record keeps a copy
+    of the script as it was submitted."""
     the_cluster = cluster_or_default(cluster)
-    options = jobspec.sbatch_args(check(spec, the_cluster), only) if spec else []
-    return ScriptJob(sbatch(script, options, test_only, the_cluster), Path(script))
+    checked = check(spec, the_cluster) if spec else None
+    options = jobspec.sbatch_args(checked, only) if checked else []
+    if test_only:
+        return ScriptJob(sbatch(script, options, test_only, the_cluster), Path(script))
+    if not Path(script).is_file():
+        raise SubmitError(f"script: no such file {echo(str(script))}")
+    data = files.read_bytes(script, SCRIPT_LIMIT, "script")
+    job_id, note = sbatch_recorded(Path(script), data, "script", options, the_cluster, {
+        "kind": "script", "spec": asdict(checked) if checked else None,
+        "only": sorted(only) if only is not None else None, "replaces": None})
+    return ScriptJob(job_id, Path(script), note)
 
 
 def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster | None = None,
@@ -237,32 +259,64 @@ def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster |
     the_cluster = cluster_or_default(cluster)
     text = render.render(template, values, the_cluster)
     script = write_script(text, Path(template).name.split(".")[0])
-    return ScriptJob(sbatch(script, test_only=test_only, cluster=the_cluster), script)
+    if test_only:
+        return ScriptJob(sbatch(script, test_only=True, cluster=the_cluster), script)
+    job_id, note = sbatch_recorded(script, text.encode(), script.name.rsplit("-", 1)[0], [],
+                                   the_cluster, {"kind": "template", "template": template,
+                                                 "spec": None, "replaces": None})
+    return ScriptJob(job_id, script, note)
+
+
+def sbatch_recorded(script: Path, data: bytes, name: str, options: Sequence[str],
+                    cluster: Cluster, fields: Mapping[str, Any]) -> tuple[str, str]:
+    """sbatch ``script`` (whose bytes are ``data``), then keep the job's record: a copy
+    of ``data`` under ``pyhpc-jobs/scripts`` (content-addressed, as ``name``) is what
+    ``pyhpc resubmit`` sbatches again, with ``fields``'s spec. Returns the job id, and why
+    no record was kept: a script runs from any directory, while pyhpc keeps records only
+    in one that is yours alone."""
+    try:
+        records.prepare(DEFAULT_FOLDER)
+        saved = save_script(data, name)
+    except files.FileError as exc:
+        return sbatch(script, options, cluster=cluster), (
+            f"no record kept of this job, so pyhpc resubmit cannot submit it again ({exc})")
+    submitted = int(clock.time())
+    job_id = sbatch(script, options, cluster=cluster)
+    records.write(DEFAULT_FOLDER, {**fields, "job_id": job_id, "submitted": submitted,
+                                   "cwd": os.getcwd(), "script": str(saved),
+                                   "sha256": hashlib.sha256(data).hexdigest()})
+    return job_id, ""
 
 
 def write_script(text: str, name: str, folder: Path = DEFAULT_FOLDER / "scripts") -> Path:
-    """Save a rendered script under a content-addressed name, so it can be read later.
+    """Save a rendered script under a content-addressed name, so it can be read later."""
+    return save_script(text.encode(), name, folder)
+
+
+def save_script(data: bytes, name: str, folder: Path = DEFAULT_FOLDER / "scripts") -> Path:
+    """Save a script under a content-addressed name (``NAME-DIGEST.sbatch``).
 
     The folder must pass the one check (the caller's alone); the file is written afresh
     (atomically, replacing whatever was there, link or not) unless it already holds
-    exactly ``text``, so a planted file of the same name is never what gets submitted.
+    exactly ``data``, so a planted file of the same name is never what gets submitted.
     """
     folder = files.make_dir(folder, arg="folder")
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(data).hexdigest()[:12]
     safe = validate.name("template", name, "job", error=SubmitError)
     path = folder / f"{safe}-{digest}.sbatch"
-    if not _holds(path, text):
-        files.write_text(path, text, arg="folder")
+    if not _holds(path, data):
+        files.write_with(path, lambda fh: fh.write(data), arg="folder")
     return path
 
 
-def _holds(path: Path, text: str) -> bool:
-    """Whether ``path`` is a regular file (not a link) of ours holding exactly ``text``."""
+def _holds(path: Path, data: bytes | str) -> bool:
+    """Whether ``path`` is a regular file (not a link) of ours holding exactly ``data``."""
+    raw = data.encode() if isinstance(data, str) else data
     try:
         with files.open_regular(path) as fh:
             if os.fstat(fh.fileno()).st_uid != os.getuid():
                 return False
-            return fh.read(len(text.encode()) + 1) == text.encode()
+            return fh.read(len(raw) + 1) == raw
     except files.FileError:
         return False
 
@@ -324,6 +378,8 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
     key = "test_only" if test_only else "job_id"
     if given.get("array"):
         result["array"] = given["array"]
+    if handle.note:
+        result["note"] = handle.note
     return {**result, "script": str(handle.script), key: handle.job_id}
 
 

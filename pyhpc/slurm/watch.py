@@ -12,6 +12,12 @@ when they start, so it can make an array look finished early. Progress counts ar
 tasks; a job's state is the least finished of its tasks' states until every task has
 finished. A job Slurm says can never start (a time limit above the partition's, say)
 stops the watch with that reason.
+
+Each job's run is followed by its submit time: squeue showing the id with another submit
+time is either the same job run again (a requeue, which accounting shows as its next
+record) or a new job that got the id after slurmctld lost ours. A job slurmctld lost
+while accounting holds it open is LOST (:mod:`pyhpc.slurm.lost`): a terminal state and a
+failure, so no watch waits forever for it; ``watch`` ends with one line saying so.
 """
 from __future__ import annotations
 
@@ -19,16 +25,18 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TextIO
 
 from pyhpc import validate
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import slurm
+from pyhpc.slurm import lost, slurm
+from pyhpc.slurm.rows import JobRow, task_ids
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                       "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED",
-                      "FINISHED"})
+                      "FINISHED", "LOST"})
 #: Not yet known to the accounting database (sacct lags sbatch by a moment).
 UNKNOWN = "UNKNOWN"
 SOURCES = ("sacct", "squeue")
@@ -82,7 +90,7 @@ def _by_job(keys: Iterable[Key]) -> dict[str, list[Key]]:
         out.setdefault(key[0], []).append(key)
         if _in_range(key):
             spec, _, k = str(key[1]).partition("#")
-            ids = slurm.task_ids(spec)
+            ids = task_ids(spec)
             if k.isdigit() and int(k) < len(ids):
                 out.setdefault(f"{key[0]}_{ids[int(k)]}", []).append(key)
     return out
@@ -102,7 +110,7 @@ def _in_range(key: Key) -> bool:
     return key[1] is not None and "#" in key[1]
 
 
-def _lost(old: dict[Key, str], new: set[Key]) -> bool:
+def _left_unfinished(old: dict[Key, str], new: set[Key]) -> bool:
     """Whether tasks last seen in states ``old`` left squeue unfinished, now it shows ``new``."""
     if not new:
         return not old or any(s not in TERMINAL for s in old.values())
@@ -111,58 +119,114 @@ def _lost(old: dict[Key, str], new: set[Key]) -> bool:
     return len(new | real) < len(old) or any(old[k] not in TERMINAL for k in real - new)
 
 
+def _keyed(rows: Iterable[JobRow]) -> set[Key]:
+    return {(r.job_id, r.task) for r in rows}
+
+
 class Tracker:
     """The last known state of every job and array task seen while watching.
 
     squeue forgets finished jobs after MinJobAge: a job or task gone from it before it
     was seen finished gets its state from sacct, else keeps the last state seen (FINISHED
     after ABSENT_POLLS polls); a job never seen is UNKNOWN (sacct) or FINISHED (squeue).
+    ``submitted``: job id -> the submit time pyhpc noted when it submitted the job (its
+    job record), to tell its run from another job's that reuses the id.
     """
 
-    def __init__(self, ids: Sequence[str], source: str) -> None:
+    def __init__(self, ids: Sequence[str], source: str,
+                 submitted: Mapping[str, int] | None = None) -> None:
         if source not in SOURCES:
             raise WatchError(f"source: {source!r} is not allowed; allowed: {', '.join(SOURCES)}")
         self.ids, self.source = list(ids), source
         self.unseen = "FINISHED" if source == "squeue" else UNKNOWN
-        self.tasks: dict[Key, slurm.JobRow] = {}
+        self.tasks: dict[Key, JobRow] = {}
         self.absent: Counter[Key] = Counter()
+        self.first: dict[Key, int] = {}  # the submit time of the run followed
+        self.hints = {_key(j)[0]: t for j, t in (submitted or {}).items() if t}
+        self.lost: dict[Key, lost.Lost] = {}
 
     def poll(self) -> None:
-        """One squeue call, and one sacct call for the jobs that left it unfinished, if any."""
+        """One squeue call, and one sacct call for the jobs that left it unfinished (or that
+        it shows with another submit time), if any; scontrol and sdiag only to tell LOST."""
         if self.source == "sacct":
-            self._update(slurm.accounting(self.ids))
+            self._poll_accounting()
             return
         rows = slurm.queue(self.ids)
-        seen = {(r.job_id, r.task) for r in rows}
-        gone = self._vanished(seen)
-        found = self._final(gone, rows) if gone else []
+        moved = {(r.job_id, r.task): r for r in rows if self._moved(r)}
+        rows = [r for r in rows if (r.job_id, r.task) not in moved]
+        gone = self._vanished(_keyed(rows))
+        gone += sorted({k[0] for k in moved} - set(gone))
+        records = self._records(gone, quiet=True) if gone else {}
+        back = [r for k, r in moved.items() if lost.is_ours(r, records.get(k))]
+        self.first.update({(r.job_id, r.task): r.submit for r in back})  # run again
+        rows += back
+        found = self._final(records, rows)
         self._update(rows + found)
-        self._settle(gone, seen | {(r.job_id, r.task) for r in found})
+        self._judge({(r.job_id, r.task): r for r in found})
+        self._settle(gone, _keyed(rows) | _keyed(found))
 
-    def _update(self, rows: Sequence[slurm.JobRow]) -> None:
-        keys, jobs = {(r.job_id, r.task) for r in rows}, {r.job_id for r in rows}
+    def _poll_accounting(self) -> None:
+        """One sacct call; one squeue call for the jobs it holds open, if any."""
+        records = self._records(self.ids, quiet=False)
+        open_ = {k: r for k, r in records.items() if r.state in lost.OPEN and r.submit}
+        live = slurm.queue(sorted({k[0] for k in open_})) if open_ else []
+        known = {k for k, r in open_.items()
+                 if any(q.job_id == k[0] and lost.is_ours(q, r) for q in live)}
+        self._update(list(records.values()))
+        self._judge({k: r for k, r in records.items() if k not in known})
+
+    def _moved(self, row: JobRow) -> bool:
+        """squeue shows the job's id with another submit time than the run followed."""
+        first = self.first.get((row.job_id, row.task))
+        return bool(first and row.submit and row.submit != first)
+
+    def _records(self, ids: Sequence[str], quiet: bool) -> dict[Key, JobRow]:
+        """sacct's record of the run followed, per job and task of ``ids`` (one call);
+        ``quiet``: accounting disabled or down is no records, not an error."""
+        try:
+            found = slurm.accounting(ids)
+        except slurm.SlurmError:
+            if not quiet:
+                raise
+            return {}
+        runs: dict[Key, list[JobRow]] = {}
+        for row in found:
+            runs.setdefault((row.job_id, row.task), []).append(row)
+        picked = {k: lost.incarnation(r, self.first.get(k) or self.hints.get(k[0]))
+                  for k, r in runs.items()}
+        return {k: r for k, r in picked.items() if r is not None}
+
+    def _update(self, rows: Sequence[JobRow]) -> None:
+        keys, jobs = _keyed(rows), {r.job_id for r in rows}
         for key in [k for k in self.tasks if _in_range(k) and k[0] in jobs and k not in keys]:
             del self.tasks[key]  # a pending range split into real tasks
         for row in rows:
-            self.tasks[(row.job_id, row.task)] = row
+            key = (row.job_id, row.task)
+            if key not in self.lost:
+                self.tasks[key] = row
+            if row.submit and key not in self.first:
+                self.first[key] = row.submit
+
+    def _judge(self, records: Mapping[Key, JobRow]) -> None:
+        """Which of accounting's ``records`` of runs slurmctld does not know are LOST."""
+        found = {**lost.judge(records), **lost.closed(records)}
+        for key, why in found.items():
+            self.lost[key] = why
+            self.tasks[key] = replace(records[key], state="LOST")
 
     def _vanished(self, seen: set[Key]) -> list[str]:
         """Watched ids that left squeue, or some of whose tasks did, before seen finished."""
         old, new = _by_job(self.tasks), _by_job(seen)
-        return [jid for jid in self.ids if _lost(
+        return [jid for jid in self.ids if _left_unfinished(
             {k: self.tasks[k].state for k in _pick(jid, old)}, set(_pick(jid, new)))]
 
-    def _final(self, gone: Sequence[str], rows: Sequence[slurm.JobRow]) -> list[slurm.JobRow]:
-        """sacct's rows for ``gone``, where squeue has nothing newer and no final state was seen."""
-        try:
-            found = slurm.accounting(gone)
-        except slurm.SlurmError:
-            return []  # accounting disabled or down: the states seen stand
-        seen, live = {(r.job_id, r.task) for r in rows}, {r.job_id for r in rows}
+    def _final(self, records: Mapping[Key, JobRow], rows: Sequence[JobRow]) -> list[JobRow]:
+        """sacct's ``records`` where squeue has nothing newer and no final state was seen."""
+        seen, live = _keyed(rows), {r.job_id for r in rows}
         # Of a job still in squeue, only tasks: its pending range is squeue's, not sacct's.
-        return [r for r in found if (r.job_id, r.task) not in seen
-                and not (r.job_id in live and (r.task is None or _in_range((r.job_id, r.task))))
-                and self._unfinished((r.job_id, r.task))]
+        return [r for k, r in records.items() if k not in seen
+                and not (r.job_id in live and (r.task is None or _in_range(k)))
+                and self._unfinished(k)]
 
     def _unfinished(self, key: Key) -> bool:
         return key not in self.tasks or self.tasks[key].state not in TERMINAL
@@ -175,9 +239,9 @@ class Tracker:
         stale |= {_key(jid) for jid in gone if not _pick(jid, index)}  # never seen
         self.absent = Counter({k: self.absent[k] + 1 for k in stale})
         for key in [k for k, polls in self.absent.items() if polls >= ABSENT_POLLS]:
-            self.tasks[key] = slurm.JobRow(*key, state="FINISHED")
+            self.tasks[key] = JobRow(*key, state="FINISHED")
 
-    def _rows(self) -> list[list[slurm.JobRow]]:
+    def _rows(self) -> list[list[JobRow]]:
         """Each watched id's rows: a plain job's one, or its array tasks'."""
         index = _by_job(self.tasks)
         return [[self.tasks[k] for k in _pick(jid, index)] for jid in self.ids]
@@ -205,11 +269,19 @@ class Tracker:
 def query(ids: Sequence[str], source: str = "sacct") -> dict[str, str]:
     """States of ``ids`` from one Slurm call (UNKNOWN for ids Slurm does not know yet).
 
-    With squeue, one sacct call more for ids that have left its queue unfinished.
+    With squeue, one sacct call more for ids that have left its queue unfinished; with
+    sacct, one squeue call more for the jobs it holds open (LOST needs both).
     """
-    tracker = Tracker(ids, source)
+    return inspect(ids, source)[0]
+
+
+def inspect(ids: Sequence[str], source: str = "sacct", submitted: Mapping[str, int] | None = None,
+            ) -> tuple[dict[str, str], lost.LostError | None]:
+    """:func:`query`, and the one-line error naming the jobs that were LOST, if any."""
+    tracker = Tracker(ids, source, submitted)
     tracker.poll()
-    return tracker.states()
+    states = tracker.states()
+    return states, lost.error(tracker.lost, states)
 
 
 def progress_line(task_states: Sequence[str], elapsed: float, jobs: int) -> str:
@@ -228,7 +300,8 @@ def watch(ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None =
 
     A job Slurm says can never start raises WatchError with its reason. After
     ``timeout_s`` the watch returns the states so far, or raises with
-    ``fail_on_timeout``.
+    ``fail_on_timeout``. At the end, a job that was LOST raises
+    :class:`~pyhpc.slurm.lost.LostError` (one line; its ``states`` are the last states).
     """
     if timeout_s is not None:
         timeout_s = timeout(timeout_s)
@@ -261,4 +334,7 @@ def watch(ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None =
         time.sleep(interval_s)
     if not quiet and tty:
         stream.write("\n")
+    failure = lost.error(tracker.lost, states)
+    if failure is not None:
+        raise failure
     return states

@@ -56,7 +56,7 @@ def submit_run(cfg: TrainConfig, spec: JobSpec, folder: str, cluster: Cluster) -
     then submit it; returns the submitit Job."""
     checked = run_spec(spec, cfg, cluster)
     check_run(cfg, checked)
-    return submit_spec(_trainer(cfg), checked, folder, cluster)
+    return submit_spec(_trainer(cfg), checked, folder, cluster, kind="train")
 
 
 def submit_training(*, nodes: int = 1, tasks_per_node: int | None = None, gpus_per_node: int = 0,
@@ -105,7 +105,7 @@ def run(points: list[tuple[JobSpec, TrainConfig]], folder: str, cluster: Cluster
         interval_s: float) -> dict[str, dict[str, str]]:
     """Submit every planned point, then watch them all (one query per poll): job id -> out,
     state."""
-    jobs = {str(submit_spec(_trainer(cfg), spec, folder, cluster).job_id): cfg.out
+    jobs = {str(submit_spec(_trainer(cfg), spec, folder, cluster, kind="train").job_id): cfg.out
             for spec, cfg in points}
     states = watch.watch(list(jobs), interval_s=interval_s)
     return {j: {"out": o, "state": states[j]} for j, o in jobs.items()}

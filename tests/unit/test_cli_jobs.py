@@ -13,7 +13,8 @@ from pyhpc import paths
 from pyhpc.cli import main as cli
 from pyhpc.cli.jobs import add_commands  # noqa: F401  (registered by cli.build_parser)
 
-COMMANDS = ("render", "submit", "status", "logs", "cancel", "train", "scale", "report", "bench")
+COMMANDS = ("render", "submit", "status", "logs", "cancel", "resubmit", "train", "scale", "report",
+            "bench")
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command: str, capsys) -> None:
@@ -220,8 +221,8 @@ def test_scale_carries_cpus_per_task_to_every_point(slurm, monkeypatch, tmp_path
 
     specs = []
     real = sweep.submit_spec
-    monkeypatch.setattr(sweep, "submit_spec", lambda call, spec, *a: (specs.append(spec),
-                                                                      real(call, spec, *a))[1])
+    monkeypatch.setattr(sweep, "submit_spec", lambda call, spec, *a, **kw: (
+        specs.append(spec), real(call, spec, *a, **kw))[1])
     monkeypatch.setattr(watch, "watch", lambda ids, **kw: {j: "FAILED" for j in ids})
     monkeypatch.chdir(tmp_path)
     assert cli.main(["scale", "--nodes", "1,2", "--batch-sizes", "32", "--cpus-per-task", "2",

@@ -1,0 +1,166 @@
+"""What Slurm's query tools print, as rows: squeue's and sacct's JSON and text output, and
+the times they print. Pure parsing: :mod:`pyhpc.slurm.slurm` runs the commands.
+
+Times in text output are local (``2026-11-25T16:18:54``, Slurm's standard format, which
+:mod:`pyhpc.slurm.slurm` asks for with ``SLURM_TIME_FORMAT=standard``) and become epoch
+seconds here; ``Unknown``, ``None`` and anything else unreadable become 0 (unknown).
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+#: Slurm's standard time format (``SLURM_TIME_FORMAT=standard``), in local time.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job or array task as Slurm reports it. ``job_id`` is the array's id for tasks.
+    ``submit``: the submit time in epoch seconds (0 = unknown); a requeued job gets a new
+    one, and a new job that reuses an id has its own."""
+
+    job_id: str
+    task: str | None
+    state: str
+    reason: str = ""
+    submit: int = 0
+
+
+@dataclass(frozen=True)
+class OpenRecord:
+    """A job accounting holds open (no end), as ``sacct -a`` lists it for the doctor."""
+
+    job: str  # sacct's JobID as printed: 42, 7_3, 7_[4-9]
+    user: str
+    account: str
+    submit: int
+    state: str
+
+    @property
+    def base(self) -> str:
+        return self.job.split("_")[0]
+
+
+def epoch(text: str) -> int:
+    """``2026-11-25T16:18:54`` (local time) as epoch seconds; 0 for anything else."""
+    try:
+        return int(time.mktime(time.strptime(text.strip(), TIME_FORMAT)))
+    except (ValueError, OverflowError):
+        return 0
+
+
+def stamp(seconds: int) -> str:
+    """Epoch seconds in Slurm's standard format, local time (``unknown`` for 0)."""
+    return time.strftime(TIME_FORMAT, time.localtime(seconds)) if seconds > 0 else "unknown"
+
+
+def number(value: Any) -> int | None:
+    """An integer from JSON that is either a number or ``{"set": .., "number": ..}``."""
+    if isinstance(value, dict):
+        return int(value["number"]) if value.get("set", True) and "number" in value else None
+    if isinstance(value, bool) or value is None:
+        return None
+    return int(value)
+
+
+def _state(value: Any) -> str:
+    """A state from JSON: ``"RUNNING"`` (v0.0.38) or ``["RUNNING", ...]`` (later)."""
+    if isinstance(value, list):
+        return str(value[0]) if value else "UNKNOWN"
+    return str(value or "UNKNOWN")
+
+
+def task_count(spec: str) -> int:
+    """How many tasks an array expression such as ``2-999%4`` or ``1,3,5-7`` names."""
+    return len(task_ids(spec))
+
+
+@functools.lru_cache(maxsize=64)
+def task_ids(spec: str) -> tuple[int, ...]:
+    """The task ids an array expression names, in its order: ``1,3,5-7`` is 1, 3, 5, 6, 7."""
+    ids: list[int] = []
+    for part in spec.split("%")[0].split(","):
+        lo, _, rest = part.partition("-")
+        hi, _, step = rest.partition(":")
+        if lo.isdigit() and (not hi or hi.isdigit()) and (not step or step.isdigit()):
+            ids += range(int(lo), int(hi or lo) + 1, max(int(step or 1), 1))
+    return tuple(ids)
+
+
+def squeue_rows(data: dict[str, Any]) -> list[JobRow]:
+    """squeue --json's jobs as rows; a pending array range is one row per task."""
+    rows: list[JobRow] = []
+    for job in data.get("jobs", []):
+        array = number(job.get("array_job_id"))
+        task = number(job.get("array_task_id"))
+        state, reason = _state(job.get("job_state")), str(job.get("state_reason") or "")
+        submit = number(job.get("submit_time")) or 0
+        pending = str(job.get("array_task_string") or "")
+        if array and pending and task is None:
+            rows += [JobRow(str(array), f"{pending}#{k}", state, reason, submit)
+                     for k in range(task_count(pending))]
+        elif array:
+            rows.append(JobRow(str(array), str(task), state, reason, submit))
+        else:
+            rows.append(JobRow(str(job.get("job_id")), None, state, reason, submit))
+    return rows
+
+
+def sacct_rows(data: dict[str, Any]) -> list[JobRow]:
+    """sacct --json's jobs (steps are nested inside, so each job is one row)."""
+    rows: list[JobRow] = []
+    for job in data.get("jobs", []):
+        array = job.get("array") or {}
+        array_id = number(array.get("job_id"))
+        task = number(array.get("task_id"))
+        state = job.get("state") or {}
+        current, reason = _state(state.get("current")), str(state.get("reason") or "")
+        submit = number((job.get("time") or {}).get("submit")) or 0
+        if array_id and task is not None:
+            rows.append(JobRow(str(array_id), str(task), current, reason, submit))
+        else:
+            rows.append(JobRow(str(job.get("job_id")), None, current, reason, submit))
+    return rows
+
+
+def text_rows(text: str) -> list[JobRow]:
+    """``JobID|State[|Reason[|Submit]]`` lines of squeue -o / sacct -P; step lines are skipped."""
+    rows: list[JobRow] = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 2 or "." in parts[0]:  # 123.batch, 123.0: the job's line has it
+            continue
+        jid, _, task = parts[0].split("+")[0].partition("_")
+        state = parts[1].split()[0] if parts[1].split() else "UNKNOWN"
+        # The submit time is the last field; a reason is never a time.
+        submit = epoch(parts[-1]) if len(parts) > 3 else 0
+        reason = "|".join(parts[2:-1] if len(parts) > 3 else parts[2:])
+        if task.startswith("["):  # sacct's pending range 7_[2-999%4]
+            spec = task.strip("[]")
+            rows += [JobRow(jid, f"{spec}#{k}", state, reason, submit)
+                     for k in range(task_count(spec))]
+        else:
+            rows.append(JobRow(jid, task or None, state, reason, submit))
+    return rows
+
+
+#: Accounting's states of a job that has not ended (``sacct -s``'s names).
+OPEN_STATES = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED")
+
+
+def open_rows(text: str) -> list[OpenRecord]:
+    """``JobID|User|Account|Submit|State|End`` lines of ``sacct -a -P``: the records with no
+    end and an open state (sacct's ``-s`` also selects jobs that were in the state at some
+    time in the window and have ended since); steps are skipped."""
+    out: list[OpenRecord] = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 6 or "." in parts[0] or not parts[4].split():
+            continue
+        state = parts[4].split()[0]
+        if state in OPEN_STATES and epoch(parts[5]) == 0:
+            out.append(OpenRecord(parts[0], parts[1], parts[2], epoch(parts[3]), state))
+    return out
