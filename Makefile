@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-hostlab containers clean \
+.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hostlab containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -87,6 +87,9 @@ bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-u
 
 bench-deep: venv lab-up ## Benchmark the deep model: pipeline stages vs unsplit, bubble (1F1B, GPipe), 1 vs 2 nodes, largest depth per stage count (~25 min).
 	$(PY) -m benchmarks.deep
+
+bench-crash: venv lab-up ## Benchmark the controller-crash window: accepted jobs that survive a slurmctld killed 0-30 s after a burst (~15 min; TARGET=hostlab for hostlab as it is up).
+	$(PY) -m benchmarks.crash --target $(or $(TARGET),lab)
 
 bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/results/<name>.json.
 	$(PY) -m benchmarks.containers --from-scratch

@@ -145,8 +145,11 @@ def test_adding_a_compute_host_brings_it_in_and_touches_no_running_job(
 def test_removing_a_compute_host_drains_it_first_and_kills_no_job(
         cluster: dict[str, Any], grown: Path) -> None:
     assert NEW_HOST in node_states(), "the host added by the previous test"
-    # Longer than the deploy takes to reach the drain, so that it must wait for the job.
-    job = submit(f"--nodelist={NEW_HOST}", "--partition=cpu", "--wrap=sleep 150")
+    # Runs until the deploy has drained its node, and 15 s more: the deploy must wait for it
+    # however long it takes to reach the drain (a fixed sleep was outlasted on a busy machine).
+    job = submit(f"--nodelist={NEW_HOST}", "--partition=cpu", "--time=15",
+                 f"--wrap=until scontrol show node {NEW_HOST} | grep -q DRAIN; do sleep 1; done; "
+                 "sleep 15")
     wait_for("the job running on the host to remove", lambda: job_state(job) == "RUNNING")
     out, took = make_with("hostlab-deploy")  # the repository's inventory: without NEW_HOST
     print(f"hostlab: deploy removing {NEW_HOST} while a job runs on it: {took:.1f} s")

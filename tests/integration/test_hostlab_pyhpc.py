@@ -167,7 +167,8 @@ def test_the_container_template_runs_across_hosts_from_login(cluster: dict[str, 
     assert sorted(r["rank"] for r in rows) == ["0", "1"], log
     assert len({r["node"] for r in rows}) == 2 and {r["node"] for r in rows} <= set(COMPUTE), rows
     assert all(r["containerenv"] for r in rows), rows
-    assert all(f"/job_{result['job_id']}/step_0" in r["cgroup"] for r in rows), rows
+    # step_0 is the template's check that the image starts on every node; the tasks are step_1.
+    assert all(f"/job_{result['job_id']}/step_1/task_" in r["cgroup"] for r in rows), rows
 
 
 def test_a_run_directory_only_login_has_fails_with_one_hint(cluster: dict[str, Any]) -> None:
