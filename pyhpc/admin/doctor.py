@@ -117,8 +117,10 @@ class Doctor:
         deadline = time.monotonic() + self.sacct_wait
         state = ""
         while True:
-            rows = slurm.accounting([self.job_id])
-            state = next((r.state for r in rows if r.job_id == self.job_id), "")
+            # The newest job of the id: after a controller crash it may be a lost job's too.
+            rows = sorted((r for r in slurm.accounting([self.job_id]) if r.job_id == self.job_id),
+                          key=lambda r: r.submit)
+            state = rows[-1].state if rows else ""
             if state == "COMPLETED" or time.monotonic() >= deadline:
                 break
             time.sleep(1)

@@ -2,6 +2,7 @@
 submitted through :mod:`pyhpc.slurm.submit`, and with ``--wait`` its results read back."""
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,8 @@ def run(cfg: BenchConfig, spec: JobSpec, folder: str, cluster: Cluster, wait: bo
     if not wait:
         return result
     result["state"] = watch.watch([result["job_id"]], interval_s=1.0, timeout_s=timeout_s,
-                                  fail_on_timeout=True)[result["job_id"]]
+                                  fail_on_timeout=True,
+                                  submitted={result["job_id"]: int(time.time())})[result["job_id"]]
     if result["state"] == "COMPLETED":
         out = Path(cfg.out)
         doc = read_results(out / RESULTS["json"])

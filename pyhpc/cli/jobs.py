@@ -20,7 +20,7 @@ from pyhpc.bench import results as bench_results
 from pyhpc.bench import submit as bench_submit
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import jobspec, lost, render, resubmit, slurm, watch
+from pyhpc.slurm import jobspec, lost, records, render, resubmit, slurm, watch
 from pyhpc.slurm import submit as _submit
 from pyhpc.slurm.jobspec import JobSpecError
 from pyhpc.train import config as trainconfig
@@ -56,8 +56,9 @@ def _timeout(text: str) -> float:
 
 
 def _wait(job_id: str, args: argparse.Namespace) -> str:
-    return watch.watch([job_id], interval_s=1.0, timeout_s=args.timeout,
-                       fail_on_timeout=True)[job_id]
+    """Watch a job pyhpc has just submitted (so it was accepted by now)."""
+    return watch.watch([job_id], interval_s=1.0, timeout_s=args.timeout, fail_on_timeout=True,
+                       submitted={job_id: int(time.time())})[job_id]
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -87,13 +88,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """The states, then for a LOST job one line on stderr and exit status 1."""
     ids = watch.job_ids(args.job_ids) if args.job_ids else slurm.my_job_ids()
+    # Jobs pyhpc submitted from here: a job the controller lost with its accounting record
+    # is still known to have been accepted (LOST, not UNKNOWN).
+    noted = records.noted(_submit.DEFAULT_FOLDER, ids)
     failure: lost.LostError | None = None
     try:
         if args.watch:
             states = watch.watch(ids, interval_s=watch.interval(args.interval),
-                                 source=args.source or "squeue")
+                                 source=args.source or "squeue", submitted=noted)
         else:
-            states, failure = watch.inspect(ids, source=args.source or "sacct")
+            states, failure = watch.inspect(ids, source=args.source or "sacct", submitted=noted)
     except lost.LostError as exc:
         states, failure = exc.states, exc
     _emit(states, args.json, "\n".join(f"{j}\t{s}" for j, s in states.items()))

@@ -10,7 +10,11 @@ A job is LOST only when it cannot be a record that merely lags:
 
 (a) slurmctld does not know the job, or knows a job of that id with another submit time
     than the run pyhpc follows (a new job that reuses the id);
-(b) accounting's record of that run is open (PENDING, RUNNING or SUSPENDED);
+(b) accounting's record of that run is open (PENDING, RUNNING or SUSPENDED), or accounting
+    has no record of it at all while pyhpc knows it was accepted (the watch saw it, or
+    pyhpc's job record says when it was submitted): slurmctld sends accounting a job's
+    first record from memory too, so a crash right after a burst can take both (seen on
+    the lab: SIGKILL 1.3 s after the burst left no record of the lost jobs);
 (c) it was submitted before slurmctld's boot time (``scontrol show config``);
 (d) slurmctld holds no accounting message still unsent (``sdiag``: DBD Agent queue
     size 0), so no end record is on its way.
@@ -40,6 +44,12 @@ from pyhpc.slurm.rows import JobRow, OpenRecord, stamp
 Key = tuple[str, str | None]
 #: Accounting's states of a run that has not ended and could be lost.
 OPEN = ("PENDING", "RUNNING", "SUSPENDED")
+#: A run pyhpc knows was accepted of which accounting has no record at all (its state in
+#: a candidate for :func:`judge`; its submit time is the one pyhpc saw or noted).
+UNRECORDED = "UNRECORDED"
+#: A job id that neither slurmctld nor accounting knows, of a job pyhpc has no note of
+#: (never submitted, or accepted and lost with its records before pyhpc saw it).
+NOT_FOUND = "NOT_FOUND"
 #: States in which accounting closes one run of a job that Slurm runs again (requeue,
 #: preemption with requeue, a failed node with --requeue): the next record is the same job.
 RERUN = ("REQUEUED", "PREEMPTED", "NODE_FAIL")
@@ -107,7 +117,8 @@ def is_ours(row: JobRow, record: JobRow | None) -> bool:
 def judge(candidates: Mapping[Key, JobRow]) -> dict[Key, Lost]:
     """Of runs that meet (a) and (b), the LOST ones: (c) and (d), one Slurm call each,
     made only when needed. A record without a submit time is never LOST."""
-    waiting = {k: r for k, r in candidates.items() if r.state in OPEN and r.submit > 0}
+    waiting = {k: r for k, r in candidates.items()
+               if r.state in (*OPEN, UNRECORDED) and r.submit > 0}
     if not waiting:
         return {}
     try:
@@ -173,7 +184,9 @@ def message(lost: Iterable[Lost]) -> str:
     first = items[0]
     base = first.job.split("_")[0]
     restarted = f" at {stamp(first.boot)}" if first.boot else ""
-    if first.closed_at is None:
+    if first.state == UNRECORDED:
+        said = "accounting has no record of it either"
+    elif first.closed_at is None:
         said = f"accounting still says {first.state}, but it will never run or end"
     else:
         said = "an admin closed its accounting record" + (
@@ -185,6 +198,25 @@ def message(lost: Iterable[Lost]) -> str:
             f"pyhpc resubmit {base}")
 
 
+def not_found(ids: Sequence[str]) -> str:
+    """One line for job ids that neither slurmctld nor accounting knows: no proof that they
+    were ever accepted, so not LOST, but not finished either."""
+    try:
+        boot = slurm.boot_time()
+    except slurm.SlurmError:
+        boot = 0
+    since = f" (it restarted at {stamp(boot)})" if boot else ""
+    more = f" (and {len(ids) - 1} more: {', '.join(ids[1:6])}{', ...' if len(ids) > 6 else ''})" \
+        if len(ids) > 1 else ""
+    return (f"job: {ids[0]} is known neither to slurmctld nor to accounting{more}: not a job "
+            f"id of this cluster, or a job accepted just before slurmctld lost its state{since} "
+            "and lost with its records; submit it again")
+
+
 def error(lost: Mapping[Key, Lost], states: Mapping[str, str]) -> LostError | None:
-    """The one-line error for the jobs in ``lost``, or None when none was lost."""
-    return LostError(message(lost.values()), states) if lost else None
+    """The one-line error for the jobs in ``lost``, else for the ones nobody knows
+    (NOT_FOUND), or None when every job was found."""
+    if lost:
+        return LostError(message(lost.values()), states)
+    unknown = sorted((j for j, s in states.items() if s == NOT_FOUND), key=lambda j: (len(j), j))
+    return LostError(not_found(unknown), states) if unknown else None

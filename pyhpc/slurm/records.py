@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +117,16 @@ def check(record: Any, job_id: str, path: Path) -> dict[str, Any]:
         for key in ("folder", "job_folder", "pickle"):
             _text(record, key, path, absolute=True)
     return record
+
+
+def noted(folder: str | Path, ids: Sequence[str]) -> dict[str, int]:
+    """When pyhpc submitted each of ``ids``, from their records under ``folder`` where
+    there are readable ones of this user's (the others are left out, silently: this
+    only helps to tell a lost job from one never submitted)."""
+    out: dict[str, int] = {}
+    for job_id in ids:
+        try:
+            out[job_id] = read(folder, job_id.split("_")[0])["submitted"]
+        except PyhpcError:
+            continue
+    return out

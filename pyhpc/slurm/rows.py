@@ -118,7 +118,10 @@ def sacct_rows(data: dict[str, Any]) -> list[JobRow]:
         task = number(array.get("task_id"))
         state = job.get("state") or {}
         current, reason = _state(state.get("current")), str(state.get("reason") or "")
-        submit = number((job.get("time") or {}).get("submit")) or 0
+        times = job.get("time") or {}
+        # Slurm's data parsers call it "submission" (22.05's dbv0.0.38, seen on the lab, and
+        # later ones); "submit" is read too.
+        submit = number(times.get("submission", times.get("submit"))) or 0
         if array_id and task is not None:
             rows.append(JobRow(str(array_id), str(task), current, reason, submit))
         else:

@@ -234,8 +234,12 @@ OPEN_STATE_NAMES = "pending,running,requeued,suspended"
 
 def open_records(since: int) -> list[OpenRecord]:
     """Every user's accounting records submitted since ``since`` (epoch) that have no end
-    (``sacct -a``; root sees all): ONE sacct call. Steps are skipped, array tasks kept."""
-    proc = run(["sacct", "-a", "-n", "-P", "-s", OPEN_STATE_NAMES, "-S", stamp(since),
+    (``sacct -a``; root sees all): ONE sacct call. Steps are skipped, array tasks kept.
+    ``-D``: after a crash slurmctld gives a lost job's id to a new job, and without it sacct
+    shows only the newest job of an id (seen on the lab: the doctor's own check job hid the
+    lost one's record)."""
+    # -E: with -s and no end, sacct selects jobs in those states at -S only (none, here).
+    proc = run(["sacct", "-a", "-D", "-n", "-P", "-s", OPEN_STATE_NAMES, "-S", stamp(since), "-E", "now",
                 "-o", "JobID,User,Account,Submit,State,End"])
     return open_rows(proc.stdout)
 

@@ -14,9 +14,10 @@ import os
 import re
 import shlex
 import sys
+import time as _time
 import time as clock
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,15 @@ class ScriptJob:
     job_id: str
     script: Path
     note: str = ""
+    #: When it was submitted (this host's clock): a lost job is then LOST, not FINISHED.
+    submitted: int = field(default_factory=lambda: int(_time.time()))
 
     def state(self) -> str:
         return watch.query([self.job_id])[self.job_id]
 
     def wait(self, timeout_s: float = 600.0) -> str:
-        return watch.watch([self.job_id], timeout_s=timeout_s, quiet=True)[self.job_id]
+        return watch.watch([self.job_id], timeout_s=timeout_s, quiet=True,
+                           submitted={self.job_id: self.submitted})[self.job_id]
 
     def cancel(self) -> None:
         slurm.cancel([self.job_id])

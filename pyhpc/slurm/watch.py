@@ -5,8 +5,11 @@ task, and keeps finished jobs with their final state for MinJobAge (300 s by
 default, 60 s under ``tuning: high_throughput``), which a long --interval can
 outlast. So a job or task that left squeue before it was seen finished (or was never
 seen) is looked up in ONE sacct call for just those jobs; if sacct does not know it
-either, it keeps its last state seen (FINISHED if never seen), and is FINISHED after
-two polls in a row in neither, so a watch never hangs on it. sacct alone is for one-off
+either, it keeps its last state seen (UNKNOWN if never seen), and after two polls in a
+row in neither it is FINISHED, or NOT_FOUND if it was never seen and accounting answered
+(no job of that id exists, or it was lost with its records), so a watch never hangs on
+it. The one-off query asks sacct, and squeue once for what sacct does not hold (a job
+just submitted is in squeue before accounting has it). sacct alone is for one-off
 queries of older jobs: the accounting database lags, and array tasks appear in it only
 when they start, so it can make an array look finished early. Progress counts array
 tasks; a job's state is the least finished of its tasks' states until every task has
@@ -36,7 +39,7 @@ from pyhpc.slurm.rows import JobRow, task_ids
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                       "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED",
-                      "FINISHED", "LOST"})
+                      "FINISHED", "LOST", "NOT_FOUND"})
 #: Not yet known to the accounting database (sacct lags sbatch by a moment).
 UNKNOWN = "UNKNOWN"
 SOURCES = ("sacct", "squeue")
@@ -128,7 +131,8 @@ class Tracker:
 
     squeue forgets finished jobs after MinJobAge: a job or task gone from it before it
     was seen finished gets its state from sacct, else keeps the last state seen (FINISHED
-    after ABSENT_POLLS polls); a job never seen is UNKNOWN (sacct) or FINISHED (squeue).
+    after ABSENT_POLLS polls); a job never seen is UNKNOWN, then NOT_FOUND once accounting
+    answered without it for ABSENT_POLLS polls (FINISHED when accounting cannot answer).
     ``submitted``: job id -> the submit time pyhpc noted when it submitted the job (its
     job record), to tell its run from another job's that reuses the id.
     """
@@ -138,12 +142,13 @@ class Tracker:
         if source not in SOURCES:
             raise WatchError(f"source: {source!r} is not allowed; allowed: {', '.join(SOURCES)}")
         self.ids, self.source = list(ids), source
-        self.unseen = "FINISHED" if source == "squeue" else UNKNOWN
+        self.unseen = UNKNOWN  # until squeue or sacct shows it, or it is settled
         self.tasks: dict[Key, JobRow] = {}
         self.absent: Counter[Key] = Counter()
         self.first: dict[Key, int] = {}  # the submit time of the run followed
         self.hints = {_key(j)[0]: t for j, t in (submitted or {}).items() if t}
         self.lost: dict[Key, lost.Lost] = {}
+        self.answered = False  # whether sacct answered this poll
 
     def poll(self) -> None:
         """One squeue call, and one sacct call for the jobs that left it unfinished (or that
@@ -166,14 +171,23 @@ class Tracker:
         self._settle(gone, _keyed(rows) | _keyed(found))
 
     def _poll_accounting(self) -> None:
-        """One sacct call; one squeue call for the jobs it holds open, if any."""
+        """One sacct call; one squeue call for the jobs it holds open and those it has no
+        record of, if any: a job in neither is LOST if pyhpc noted submitting it, else
+        NOT_FOUND (a job just submitted is in squeue before accounting has it)."""
         records = self._records(self.ids, quiet=False)
         open_ = {k: r for k, r in records.items() if r.state in lost.OPEN and r.submit}
-        live = slurm.queue(sorted({k[0] for k in open_})) if open_ else []
+        missing = {_key(j) for j in self.ids if not any(k[0] == _key(j)[0] for k in records)}
+        ask = sorted({k[0] for k in open_} | {k[0] for k in missing})
+        live = slurm.queue(ask) if ask else []
         known = {k for k, r in open_.items()
                  if any(q.job_id == k[0] and lost.is_ours(q, r) for q in live)}
-        self._update(list(records.values()))
-        self._judge({k: r for k, r in records.items() if k not in known})
+        nowhere = {k for k in missing if not any(q.job_id == k[0] for q in live)}
+        unrecorded = {k: JobRow(*k, state=lost.UNRECORDED, submit=self.hints[k[0]])
+                      for k in nowhere if k[0] in self.hints}
+        queued = [q for q in live if any(k[0] == q.job_id for k in missing)]  # not in sacct yet
+        self._update(list(records.values()) + queued + [
+            JobRow(*k, state=lost.NOT_FOUND) for k in nowhere if k[0] not in self.hints])
+        self._judge({**{k: r for k, r in records.items() if k not in known}, **unrecorded})
 
     def _moved(self, row: JobRow) -> bool:
         """squeue shows the job's id with another submit time than the run followed."""
@@ -188,7 +202,9 @@ class Tracker:
         except slurm.SlurmError:
             if not quiet:
                 raise
+            self.answered = False  # no record is not "no record": nothing is UNRECORDED
             return {}
+        self.answered = True
         runs: dict[Key, list[JobRow]] = {}
         for row in found:
             runs.setdefault((row.job_id, row.task), []).append(row)
@@ -237,9 +253,17 @@ class Tracker:
         stale = {k for jid in gone for k in _pick(jid, index)
                  if k not in known and self._unfinished(k)}
         stale |= {_key(jid) for jid in gone if not _pick(jid, index)}  # never seen
+        # Accepted runs (seen, or noted by pyhpc) of which neither slurmctld nor accounting
+        # knows anything: LOST when slurmctld restarted since (lost.judge), else FINISHED.
+        noted = {k: self.first.get(k) or self.hints.get(k[0], 0) for k in stale} \
+            if gone and self.answered else {}
+        self._judge({k: JobRow(*k, state=lost.UNRECORDED, submit=t) for k, t in noted.items() if t})
+        stale -= set(self.lost)
         self.absent = Counter({k: self.absent[k] + 1 for k in stale})
         for key in [k for k, polls in self.absent.items() if polls >= ABSENT_POLLS]:
-            self.tasks[key] = JobRow(*key, state="FINISHED")
+            # Never seen, and accounting answered with no record: not a job Slurm knows.
+            never = key not in self.tasks and not self.hints.get(key[0]) and self.answered
+            self.tasks[key] = JobRow(*key, state=lost.NOT_FOUND if never else "FINISHED")
 
     def _rows(self) -> list[list[JobRow]]:
         """Each watched id's rows: a plain job's one, or its array tasks'."""
@@ -272,7 +296,9 @@ def query(ids: Sequence[str], source: str = "sacct") -> dict[str, str]:
     With squeue, one sacct call more for ids that have left its queue unfinished; with
     sacct, one squeue call more for the jobs it holds open (LOST needs both).
     """
-    return inspect(ids, source)[0]
+    tracker = Tracker(ids, source)
+    tracker.poll()
+    return tracker.states()
 
 
 def inspect(ids: Sequence[str], source: str = "sacct", submitted: Mapping[str, int] | None = None,
@@ -295,17 +321,20 @@ def progress_line(task_states: Sequence[str], elapsed: float, jobs: int) -> str:
 
 def watch(ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None = None,
           source: str = "squeue", quiet: bool = False, stream: TextIO | None = None,
-          fail_on_timeout: bool = False) -> dict[str, str]:
+          fail_on_timeout: bool = False, submitted: Mapping[str, int] | None = None,
+          ) -> dict[str, str]:
     """Poll until every job has finished; returns the last states.
 
     A job Slurm says can never start raises WatchError with its reason. After
     ``timeout_s`` the watch returns the states so far, or raises with
-    ``fail_on_timeout``. At the end, a job that was LOST raises
+    ``fail_on_timeout``. ``submitted``: job id -> when pyhpc submitted it (a job the
+    controller lost before the watch first saw it is then LOST, not FINISHED). At the end,
+    a job that was LOST raises
     :class:`~pyhpc.slurm.lost.LostError` (one line; its ``states`` are the last states).
     """
     if timeout_s is not None:
         timeout_s = timeout(timeout_s)
-    tracker = Tracker(ids, source)
+    tracker = Tracker(ids, source, submitted)
     stream = stream or sys.stderr
     tty = stream.isatty()
     start = time.monotonic()

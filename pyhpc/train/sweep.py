@@ -3,6 +3,7 @@ batch sizes (``pyhpc scale``). The job spec the CLI built is checked here, once,
 carried to submitit as it is; a sweep checks every point before anything is submitted."""
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -107,5 +108,6 @@ def run(points: list[tuple[JobSpec, TrainConfig]], folder: str, cluster: Cluster
     state."""
     jobs = {str(submit_spec(_trainer(cfg), spec, folder, cluster, kind="train").job_id): cfg.out
             for spec, cfg in points}
-    states = watch.watch(list(jobs), interval_s=interval_s)
+    now = int(time.time())  # every job was accepted by now (a lost one is LOST, not FINISHED)
+    states = watch.watch(list(jobs), interval_s=interval_s, submitted=dict.fromkeys(jobs, now))
     return {j: {"out": o, "state": states[j]} for j, o in jobs.items()}

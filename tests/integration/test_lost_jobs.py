@@ -1,11 +1,12 @@
 """Issue 23 on the lab: the controller dies seconds after a burst of submissions.
 
-slurmctld saves its job state at most every 5 s (compiled in): the first job after a
-quiet spell is saved at once, the ones accepted in the next seconds wait for the next
-save. Root holds both CPU nodes with an anchor job (saved), the researcher (user1)
-submits a `pyhpc train` and a few plain `sbatch` jobs behind it (pending), and root kills
-slurmctld with SIGKILL, as a host losing power would, before the next save; then starts it
-again. Real slurmctld, slurmdbd, sacct, sacctmgr and pyhpc, as the researcher under
+slurmctld saves its job state at most every 5 s (compiled in): the jobs accepted since
+the last save are lost if it dies. Root holds both CPU nodes with an anchor job, the
+researcher (user1) submits a `pyhpc train` and, once accounting has its record, a few
+plain `sbatch` jobs behind it (pending), and root kills slurmctld with SIGKILL, as a host
+losing power would; slurmctld's job_state of before the train job is put back (see
+crash()), then slurmctld starts again. `make bench-crash` measures the real window.
+Real slurmctld, slurmdbd, sacct, sacctmgr and pyhpc, as the researcher under
 PrivateData=jobs.
 
 Then: every job either runs or pyhpc reports it LOST (none waits for ever); the doctor
@@ -16,20 +17,20 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from test_directory import sh
-from test_jobs import home, pyhpc, read_history, researcher, wait, work  # noqa: F401
+from test_jobs import home, pyhpc, read_history, researcher, work  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
 PYHPC = "/opt/pyhpc/venv/bin/pyhpc"
-#: Seconds after the anchor's save by which the kill must come (the next save is 5 s later).
-WINDOW_S = 4.0
 BURST = 3
 
 
@@ -48,14 +49,17 @@ def controller_up(timeout: float = 60.0) -> None:
         time.sleep(0.5)
 
 
-def kill_controller() -> None:
+def kill_controller(before_start: Callable[[], object] = lambda: None) -> None:
     """SIGKILL, as a power loss: no state is saved on the way down."""
-    pid = int(Path(config("SlurmctldPidFile")).read_text().split()[0])
+    pid_file, state = Path(config("SlurmctldPidFile")), state_file()
+    pid = int(pid_file.read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while Path(f"/proc/{pid}").exists():
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    before_start()
+    assert state.stat().st_uid == pwd.getpwnam("slurm").pw_uid
     # pyhpc's pid-file script (Debian's would act on every slurmctld by name).
     sh("service", "pyhpc-slurmctld", "start")
     controller_up()
@@ -68,60 +72,83 @@ def quiet_queue() -> None:
         time.sleep(1)
 
 
-def burst(where: Path, run: Path) -> tuple[str, str, list[str], float]:
-    """The anchor (saved at once after a quiet spell), then the researcher's train job and
-    plain jobs behind it; returns their ids and the seconds from the anchor to the last."""
+def state_file() -> Path:
+    return Path(config("StateSaveLocation")) / "job_state"
+
+
+def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
+    """Root's anchor holds both CPU nodes and is saved; the researcher's train job queues
+    behind it until accounting has its record (slurmctld sends it one to five seconds after
+    sbatch, seen on the lab), then a few plain jobs; SIGKILL at once.
+
+    Whether slurmctld saved the train job by then is a race of its two threads (state saves
+    every 5 s, accounting records every few seconds): the test does not leave it to luck.
+    The job_state file slurmctld had saved before the train job came is put back before
+    the start, as if the host had died before the next save: what slurmctld itself then
+    does ("Purged files for defunct batch JobId=N", ids given again) is real."""
     quiet_queue()
-    time.sleep(6)  # > 5 s since the last save: the anchor's submission saves at once
-    start = time.monotonic()
     anchor = sh("sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "anchor",
                 "--time=2", "--wrap", "sleep 25").stdout.strip()
-    proc = researcher(where, f"{PYHPC} train --epochs 3 --out {run} --json && "
-                            f"for i in $(seq {BURST}); do sbatch --parsable -p cpu -J burst "
-                            "--time=1 --wrap 'sleep 1'; done")
-    took = time.monotonic() - start
+    # A save after the anchor started: the state put back holds it running (its slurmd
+    # runs it), as the state of a real crash would.
+    state = state_file()
+    deadline = time.monotonic() + 30
+    while sh("squeue", "-h", "-j", anchor, "-o", "%T").stdout.strip() != "RUNNING":
+        assert time.monotonic() < deadline, "the anchor did not start"
+        time.sleep(0.1)
+    started = time.time()
+    while state.stat().st_mtime <= started:
+        assert time.monotonic() < deadline, "slurmctld saved no state after the anchor started"
+        time.sleep(0.02)
+    saved = state.read_bytes()
+    proc = researcher(where, f"{PYHPC} train --epochs 3 --out {run} --json")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    train = json.loads(lines[0])["job_id"]
-    return anchor, train, lines[1:], took
+    train = str(json.loads(proc.stdout)["job_id"])
+    deadline = time.monotonic() + 30
+    while not sh("sacct", "-n", "-X", "-o", "JobID", "-j", train).stdout.split():
+        assert time.monotonic() < deadline, "accounting never got the train job's record"
+        time.sleep(0.05)
+    plain = researcher(where, f"for i in $(seq {BURST}); do sbatch --parsable -p cpu -J burst "
+                              "--time=1 --wrap 'sleep 1'; done").stdout.split()
+    kill_controller(before_start=lambda: state.write_bytes(saved))
+    return anchor, train, plain
 
 
 def test_after_a_controller_crash_every_job_runs_or_is_lost_and_comes_back(work: Path) -> None:  # noqa: F811
     run = work / "run"
+    # Runaway records an earlier, interrupted run of this test left: Slurm's own tool closes them.
+    sh("sacctmgr", "-i", "show", "runawayjobs", check=False)
     # An epoch already trained: the lost job's resubmission resumes after it.
     pyhpc(work, "train", "--epochs", "1", "--out", str(run), "--wait")
-    for _attempt in range(3):
-        anchor, train, plain, took = burst(work, run)
-        if took < WINDOW_S:
-            kill_controller()
-            break
-        sh("scancel", anchor, train, *plain, check=False)  # too slow: the next save came
-    else:
-        pytest.fail(f"the burst took {took:.1f} s three times; it must fit in {WINDOW_S} s")
+    anchor, train, plain = crash(work, run)
     ids = [anchor, train, *plain]
-    print(f"burst of {len(ids)} jobs in {took:.2f} s, then SIGKILL")
+    print(f"jobs {ids}, then SIGKILL")
 
     # The researcher: every job ends, the lost ones in one line each, exit non-zero.
-    proc = pyhpc(work, "status", *ids[1:], "--watch", "--interval", "1", "--timeout", "120",
-                 "--json", check=False)
+    proc = pyhpc(work, "status", *ids[1:], "--watch", "--interval", "1", "--json", check=False)
+    print(proc.stdout, proc.stderr)
     states = json.loads(proc.stdout)
-    print(states, proc.stderr)
-    assert set(states.values()) <= {"LOST", "COMPLETED"}, states
+    # The train job: accounting holds it open (a runaway record), pyhpc has its record: LOST.
+    # The plain jobs were killed with slurmctld before it sent accounting their first
+    # record, or after: LOST (open record) or NOT_FOUND (no record, and pyhpc did not
+    # submit them, so nothing shows they were ever accepted). None is alive or finished.
+    assert states[train] == "LOST" and proc.returncode != 0, states
+    assert set(states.values()) <= {"LOST", "NOT_FOUND", "COMPLETED"}, states
     lost = sorted(j for j, s in states.items() if s == "LOST")
-    assert train in lost and proc.returncode != 0
-    message = [line for line in proc.stderr.splitlines() if "lost" in line]
-    assert message and all("pyhpc resubmit" in line for line in message)
+    message = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(message) == 1 and "pyhpc resubmit" in message[0], proc.stderr
     one = pyhpc(work, "status", train, check=False)
     assert one.returncode != 0 and one.stdout.split() == [train, "LOST"]
     assert len(one.stderr.strip().splitlines()) == 1 and "restarted" in one.stderr
     # The anchor was saved before the crash: slurmctld still knows it and it completes.
-    assert wait(work, anchor) == "COMPLETED"
+    done = sh(PYHPC, "status", anchor, "--watch", "--interval", "1", "--json")  # root's job
+    assert json.loads(done.stdout) == {anchor: "COMPLETED"}
 
     # The admin: the doctor lists the runaway records, --fix-runaway closes them.
     doctor = sh(PYHPC, "doctor", check=False)
     print(doctor.stdout)
     row = next(line for line in doctor.stdout.splitlines() if "runaway" in line)
-    assert f"{len(lost)} runaway" in row and "user1" in row
+    assert f"{len(lost)} open in accounting, lost by slurmctld" in row and "user1" in row, row
     fixed = sh(PYHPC, "doctor", "--fix-runaway")
     assert f"closed {len(lost)}" in fixed.stdout, fixed.stdout
     left = sh("sacctmgr", "-n", "-P", "show", "runawayjobs", check=False)

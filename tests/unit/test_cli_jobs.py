@@ -158,10 +158,14 @@ def test_bad_array_is_one_line_exit_2_and_nothing_submitted(target, spec, reason
     assert "use comma-separated N, N-M or N-M:S" in err and err.count("\n") == 1
     assert slurm.calls == [] and not slurm.log.exists() and not (tmp_path / "pyhpc-jobs").exists()
 
-def test_status_queries_once_for_all_ids(slurm, capsys) -> None:
-    assert cli.main(["status", "1", "2", "3", "--json"]) == 0
-    assert len(slurm.calls) == 1 and slurm.calls[0][-1] == "1,2,3"
-    assert json.loads(capsys.readouterr().out) == {"1": "UNKNOWN", "2": "UNKNOWN", "3": "UNKNOWN"}
+def test_status_queries_sacct_once_for_all_ids_and_squeue_once_for_the_rest(slurm, capsys) -> None:
+    assert cli.main(["status", "1", "2", "3", "--json"]) == 1
+    # scontrol: the controller's boot time, for the message
+    assert [c[0] for c in slurm.calls] == ["sacct", "squeue", "scontrol"]
+    assert slurm.calls[0][-1] == slurm.calls[1][-1] == "1,2,3"
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"1": "NOT_FOUND", "2": "NOT_FOUND", "3": "NOT_FOUND"}
+    assert out.err.count("\n") == 1 and "known neither to slurmctld nor to accounting" in out.err
 
 def test_cancel_calls_scancel(slurm) -> None:
     assert cli.main(["cancel", "7", "8"]) == 0

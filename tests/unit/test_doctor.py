@@ -89,6 +89,14 @@ def test_unrecorded_job_fails_sacct(checks) -> None:
     assert verdicts(checks, sacct=(0, ""))["sacct"] is False
 
 
+def test_sacct_reads_the_newest_job_of_the_id(checks) -> None:
+    """After a controller crash the doctor's own job may get a lost job's id: sacct -D
+    lists the lost job's open record first (seen on the lab: 'job 199: PENDING')."""
+    rows = "7|PENDING|None|2026-11-25T17:50:38\n7|COMPLETED|None|2026-11-25T17:51:02\n"
+    result = {c.name: c for c in checks(sacct=(0, rows))}
+    assert result["sacct"].ok and result["sacct"].detail == "job 7: COMPLETED"
+
+
 def test_munge_failure_is_reported(checks) -> None:
     result = checks(unmunge=(1, ""))
     assert result[0].ok is False

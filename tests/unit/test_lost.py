@@ -115,6 +115,46 @@ def test_a_requeue_accounting_has_not_recorded_yet_is_followed_too(ctld) -> None
     assert tracker.states() == {"42": "PENDING"} and not tracker.lost
 
 
+def test_a_job_neither_slurmctld_nor_accounting_knows_after_the_restart_is_lost(ctld) -> None:
+    """slurmctld sends accounting a job's first record from memory too: SIGKILL 1.3 s after
+    a burst left the lab no record at all of the lost jobs (it said UNKNOWN, then FINISHED)."""
+    in_turn(ctld, "squeue", [[f"42|PENDING|Resources|{BEFORE}"], []])
+    ctld.answers["sacct"] = (0, "")
+    with pytest.raises(lost.LostError) as exc:
+        watch.watch(["42"], interval_s=0, quiet=True)
+    assert str(exc.value) == (f"job: 42 was lost: slurmctld restarted at {BOOT} before it saved "
+                              f"the job, submitted {BEFORE} (accounting has no record of it "
+                              "either); submit it again with: pyhpc resubmit 42")
+    assert exc.value.states == {"42": "LOST"}
+
+
+def test_a_job_pyhpc_submitted_that_the_watch_never_saw_is_lost_too(ctld) -> None:
+    """The crash came between sbatch and the watch's first look: pyhpc's note of when it
+    submitted the job stands in for the run it never saw."""
+    ctld.answers["squeue"] = (0, "")
+    ctld.answers["sacct"] = (0, "")
+    with pytest.raises(lost.LostError, match="accounting has no record of it either"):
+        watch.watch(["42"], interval_s=0, quiet=True, submitted={"42": epoch(BEFORE)})
+
+
+def test_a_job_gone_from_both_without_a_restart_since_it_was_seen_is_finished(ctld) -> None:
+    """No restart after it was submitted: the old rule (FINISHED after ABSENT_POLLS) holds."""
+    in_turn(ctld, "squeue", [[f"42|RUNNING|None|{AFTER}"], [], []])
+    ctld.answers["sacct"] = (0, "")
+    assert watch.watch(["42"], interval_s=0, quiet=True) == {"42": "FINISHED"}
+    assert "sdiag" not in tools(ctld)
+
+
+def test_status_of_a_noted_job_no_one_knows_is_lost_and_of_an_unnoted_one_not_found(ctld) -> None:
+    ctld.answers["squeue"] = (0, "")
+    ctld.answers["sacct"] = (0, "")
+    states, failure = watch.inspect(["42", "43"], submitted={"42": epoch(BEFORE)})
+    assert states == {"42": "LOST", "43": "NOT_FOUND"}
+    assert failure is not None and str(failure).startswith("job: 42 was lost")
+    assert [c[0] for c in ctld.calls].count("squeue") == 1  # one call for both
+    assert ctld.calls[[c[0] for c in ctld.calls].index("squeue")][-1] == "42,43"
+
+
 def test_sacct_unreachable_is_never_lost_and_the_watch_still_ends(ctld) -> None:
     in_turn(ctld, "squeue", [[f"42|RUNNING|None|{BEFORE}"], [], []])
     ctld.answers["sacct"] = (1, "", "sacct: error: Problem talking to the database")
@@ -142,7 +182,7 @@ def test_json_output_carries_submit_times_too(ctld, monkeypatch) -> None:
     polls = iter([[queued], []])
     ctld.answers["squeue"] = lambda argv: (0, json.dumps({"jobs": next(polls)}))
     ctld.answers["sacct"] = (0, json.dumps({"jobs": [{"job_id": 42, "array": {}, "time": {
-        "submit": submit}, "state": {"current": ["RUNNING"], "reason": "None"}}]}))
+        "submission": submit}, "state": {"current": ["RUNNING"], "reason": "None"}}]}))
     with pytest.raises(lost.LostError) as exc:
         watch.watch(["42"], interval_s=0, quiet=True)
     assert exc.value.states == {"42": "LOST"}

@@ -45,8 +45,8 @@ def test_runaway_jobs_are_open_unknown_to_slurmctld_and_older_than_its_boot(ctld
     found = runaway.find(NOW)
     assert [r.job for r in found.records] == ["42", "43", "48"]
     assert found.boot == epoch(BOOT) and found.agent_queue == 0
-    assert ctld.calls[0] == ["sacct", "-a", "-n", "-P", "-s", "pending,running,requeued,suspended",
-                             "-S", stamp(NOW - 30 * 86400), "-o",
+    assert ctld.calls[0] == ["sacct", "-a", "-D", "-n", "-P", "-s", "pending,running,requeued,suspended",
+                             "-S", stamp(NOW - 30 * 86400), "-E", "now", "-o",
                              "JobID,User,Account,Submit,State,End"]
     assert ctld.calls[1] == ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r|%V"]
     assert [c[0] for c in ctld.calls] == ["sacct", "squeue", "scontrol", "sdiag"]

@@ -45,18 +45,19 @@ def test_watch_polls_once_per_interval_until_all_finish(fake_slurm) -> None:
     assert "100/100 jobs finished | COMPLETED 100" in out.getvalue()
 
 
-def test_array_tasks_merge_into_their_array_job_and_unknown_ids_wait(FakeSlurm) -> None:
-    FakeSlurm(["7_0|COMPLETED", "7_0.batch|COMPLETED", "7_1|RUNNING", "7_1.0|FAILED",
-               "7_[2-3]|PENDING", "8|CANCELLED by 0"])
+def test_array_tasks_merge_into_their_array_job_and_ids_no_one_knows_are_not_found(FakeSlurm) -> None:
+    fake = FakeSlurm(["7_0|COMPLETED", "7_0.batch|COMPLETED", "7_1|RUNNING", "7_1.0|FAILED",
+                      "7_[2-3]|PENDING", "8|CANCELLED by 0"])
     assert watch.query(["7", "8", "9"]) == {
-        "7": "RUNNING", "8": "CANCELLED", "9": watch.UNKNOWN}
+        "7": "RUNNING", "8": "CANCELLED", "9": "NOT_FOUND"}
+    assert [c[0] for c in fake.calls] == ["sacct", "squeue"] and fake.calls[1][-1] == "9"
     FakeSlurm(["7_0|COMPLETED", "7_1|FAILED"])
     assert watch.query(["7"]) == {"7": "FAILED"}
 
 
 def test_squeue_source_reports_jobs_that_left_the_queue_as_finished(FakeSlurm) -> None:
     fake = FakeSlurm(["5|RUNNING"])
-    assert watch.query(["5", "6"], source="squeue") == {"5": "RUNNING", "6": "FINISHED"}
+    assert watch.query(["5", "6"], source="squeue") == {"5": "RUNNING", "6": watch.UNKNOWN}
     assert fake.calls[0][0] == "squeue"
 
 
@@ -217,8 +218,9 @@ def test_ids_unknown_to_squeue_and_sacct_are_asked_about_twice_at_most(fake_slur
     answer_in_turn(fake_slurm, "squeue", [["5|RUNNING"], [], [], []])
     fake_slurm.answers["sacct"] = (0, "")
     tracker = watch.Tracker(["5", "6"], "squeue")
-    for states in ({"5": "RUNNING", "6": "FINISHED"}, {"5": "RUNNING", "6": "FINISHED"},
-                   {"5": "FINISHED", "6": "FINISHED"}, {"5": "FINISHED", "6": "FINISHED"}):
+    # 6 was never seen and accounting has no record of it: no job of that id exists.
+    for states in ({"5": "RUNNING", "6": "UNKNOWN"}, {"5": "RUNNING", "6": "NOT_FOUND"},
+                   {"5": "FINISHED", "6": "NOT_FOUND"}, {"5": "FINISHED", "6": "NOT_FOUND"}):
         tracker.poll()
         assert tracker.states() == states
     assert [c[-1] for c in fake_slurm.calls if c[0] == "sacct"] == ["6", "5,6", "5"]
