@@ -9,16 +9,21 @@ text output where it does not. Tests replace :data:`RUNNER`, and nothing else.
 """
 from __future__ import annotations
 
-import functools
+import collections
 import json
 import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm.rows import JobRow as JobRow
+from pyhpc.slurm.rows import sacct_rows as sacct_rows
+from pyhpc.slurm.rows import squeue_rows as squeue_rows
+from pyhpc.slurm.rows import task_count as task_count
+from pyhpc.slurm.rows import task_ids as task_ids
+from pyhpc.slurm.rows import text_rows as text_rows
 
 #: ``RUNNER(argv, stdin, timeout_s)``: how every command is run. Tests replace it.
 Runner = Callable[[Sequence[str], "str | None", float], "subprocess.CompletedProcess[str]"]
@@ -50,16 +55,9 @@ def run_command(argv: Sequence[str], stdin: str | None, timeout_s: float,
 
 
 RUNNER: Runner = run_command
-
-
-@dataclass(frozen=True)
-class JobRow:
-    """One job or array task as Slurm reports it. ``job_id`` is the array's id for tasks."""
-
-    job_id: str
-    task: str | None
-    state: str
-    reason: str = ""
+#: Commands run by this process, by tool, each attempt counted (a retry too): the exporters
+#: show from it that a scrape runs one of each, whatever the number of jobs.
+CALLS: collections.Counter[str] = collections.Counter()
 
 
 def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
@@ -67,6 +65,7 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
     """Run one command through :data:`RUNNER`, retrying while slurmctld is busy."""
     proc: subprocess.CompletedProcess[str] | None = None
     for attempt in range(RETRIES + 1):
+        CALLS[argv[0]] += 1
         try:
             proc = RUNNER(argv, stdin, timeout_s)
         except FileNotFoundError:
@@ -171,91 +170,6 @@ def _rows(json_argv: list[str], text_argv: list[str],
     return text_rows(proc.stdout)
 
 
-def _number(value: Any) -> int | None:
-    """An integer from JSON that is either a number or ``{"set": .., "number": ..}``."""
-    if isinstance(value, dict):
-        return int(value["number"]) if value.get("set", True) and "number" in value else None
-    if isinstance(value, bool) or value is None:
-        return None
-    return int(value)
-
-
-def _state(value: Any) -> str:
-    """A state from JSON: ``"RUNNING"`` (v0.0.38) or ``["RUNNING", ...]`` (later)."""
-    if isinstance(value, list):
-        return str(value[0]) if value else "UNKNOWN"
-    return str(value or "UNKNOWN")
-
-
-def task_count(spec: str) -> int:
-    """How many tasks an array expression such as ``2-999%4`` or ``1,3,5-7`` names."""
-    return len(task_ids(spec))
-
-
-@functools.lru_cache(maxsize=64)
-def task_ids(spec: str) -> tuple[int, ...]:
-    """The task ids an array expression names, in its order: ``1,3,5-7`` is 1, 3, 5, 6, 7."""
-    ids: list[int] = []
-    for part in spec.split("%")[0].split(","):
-        lo, _, rest = part.partition("-")
-        hi, _, step = rest.partition(":")
-        if lo.isdigit() and (not hi or hi.isdigit()) and (not step or step.isdigit()):
-            ids += range(int(lo), int(hi or lo) + 1, max(int(step or 1), 1))
-    return tuple(ids)
-
-
-def squeue_rows(data: dict[str, Any]) -> list[JobRow]:
-    """squeue --json's jobs as rows; a pending array range is one row per task."""
-    rows: list[JobRow] = []
-    for job in data.get("jobs", []):
-        array = _number(job.get("array_job_id"))
-        task = _number(job.get("array_task_id"))
-        state, reason = _state(job.get("job_state")), str(job.get("state_reason") or "")
-        pending = str(job.get("array_task_string") or "")
-        if array and pending and task is None:
-            rows += [JobRow(str(array), f"{pending}#{k}", state, reason)
-                     for k in range(task_count(pending))]
-        elif array:
-            rows.append(JobRow(str(array), str(task), state, reason))
-        else:
-            rows.append(JobRow(str(job.get("job_id")), None, state, reason))
-    return rows
-
-
-def sacct_rows(data: dict[str, Any]) -> list[JobRow]:
-    """sacct --json's jobs (steps are nested inside, so each job is one row)."""
-    rows: list[JobRow] = []
-    for job in data.get("jobs", []):
-        array = job.get("array") or {}
-        array_id = _number(array.get("job_id"))
-        task = _number(array.get("task_id"))
-        state = job.get("state") or {}
-        current, reason = _state(state.get("current")), str(state.get("reason") or "")
-        if array_id and task is not None:
-            rows.append(JobRow(str(array_id), str(task), current, reason))
-        else:
-            rows.append(JobRow(str(job.get("job_id")), None, current, reason))
-    return rows
-
-
-def text_rows(text: str) -> list[JobRow]:
-    """``JobID|State[|Reason]`` lines of squeue -o / sacct -P; step lines are skipped."""
-    rows: list[JobRow] = []
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 2 or "." in parts[0]:  # 123.batch, 123.0: the job's line has it
-            continue
-        jid, _, task = parts[0].split("+")[0].partition("_")
-        state = parts[1].split()[0] if parts[1].split() else "UNKNOWN"
-        reason = parts[2] if len(parts) > 2 else ""
-        if task.startswith("["):  # sacct's pending range 7_[2-999%4]
-            spec = task.strip("[]")
-            rows += [JobRow(jid, f"{spec}#{k}", state, reason) for k in range(task_count(spec))]
-        else:
-            rows.append(JobRow(jid, task or None, state, reason))
-    return rows
-
-
 def _wanted(rows: Iterable[JobRow], job_ids: Sequence[str]) -> list[JobRow]:
     wanted = {j.split("_")[0] for j in job_ids}
     return [r for r in rows if r.job_id in wanted]
@@ -320,9 +234,11 @@ def srun(args: Sequence[str], timeout_s: float = TIMEOUT_S) -> subprocess.Comple
 
 
 def node_info() -> dict[str, dict[str, str]]:
-    """Every node's ``scontrol show node -o`` fields (``Gres``, ``State``, ``Partitions``...).
+    """Every node's ``scontrol show node -o`` fields (``Gres``, ``State``, ``Partitions``,
+    ``CfgTRES``, ``AllocTRES``...): ONE call for all nodes.
 
-    Only the first occurrence of a key counts: free text (``Reason=``, ``OS=``) comes later.
+    Only the first occurrence of a key counts: free text (``OS=``) comes later. ``Reason``
+    is the whole reason, without the ``[user@time]`` Slurm appends to it.
     """
     proc = run(["scontrol", "show", "node", "-o"])
     info: dict[str, dict[str, str]] = {}
@@ -330,6 +246,9 @@ def node_info() -> dict[str, dict[str, str]]:
         fields: dict[str, str] = {}
         for match in re.finditer(r"(\w+)=(\S*)", line):
             fields.setdefault(match.group(1), match.group(2))
+        reason = re.search(r" Reason=(.*?)(?: \[[^\]\s]*@[^\]\s]*\].*)?\s*$", line)
+        if reason:
+            fields["Reason"] = reason.group(1).strip()
         if fields.get("NodeName"):
             info[fields["NodeName"]] = fields
     return info
@@ -402,3 +321,47 @@ def jobs_in_account(account: str) -> list[str]:
     submitted them: a workshop's delete cancels these and no others."""
     proc = run(["squeue", "-h", "-o", "%i", f"--account={account}"])
     return sorted(set(proc.stdout.split()), key=_idkey)
+
+
+# -- monitoring (pyhpc.monitor): one call of each per scrape, for any number of jobs -------
+
+#: squeue's columns for the exporter: raw job id, state, partition, account, user, reason.
+QUEUE_FORMAT = "%A|%T|%P|%a|%u|%r"
+
+
+def all_jobs() -> str:
+    """Every queued and running job and array task of every user and partition, one line
+    each in :data:`QUEUE_FORMAT` (text: a few dozen bytes a job, where ``--json`` is some
+    4 KB): ONE squeue call. Under ``PrivateData=jobs`` only an admin sees everyone's."""
+    return run(["squeue", "--noheader", "--all", "--array", f"--format={QUEUE_FORMAT}"]).stdout
+
+
+def job_details() -> str:
+    """``scontrol -d -o show job``: every job slurmctld knows, one line each, with the
+    per-node detail (``Nodes=gpu1 CPU_IDs=0-1 Mem=1024 GRES=gpu:1(IDX:0)``): ONE call."""
+    return run(["scontrol", "-d", "-o", "show", "job"]).stdout
+
+
+def scheduler_stats() -> str:
+    """``sdiag``'s text (22.05 has no ``--json`` for it): ONE call."""
+    return run(["sdiag"]).stdout
+
+
+def running_in_accounting() -> subprocess.CompletedProcess[str]:
+    """Raw ids of the jobs the accounting database holds as running now (``sacct -s R``
+    without a start time means now), not checked: a failure means slurmdbd did not
+    answer. ONE call."""
+    return run(["sacct", "--allusers", "--allocations", "--noheader", "--parsable2",
+                "--state=RUNNING", "--format=JobIDRaw"], check=False)
+
+
+#: sacct's columns for a job summary (``pyhpc jobstats``), job and step lines alike.
+JOBSTATS_FORMAT = ("JobID,JobIDRaw,User,Account,Partition,State,ElapsedRaw,TotalCPU,AllocCPUS,"
+                   "NNodes,NTasks,MaxRSS,ReqMem,AllocTRES,Start,End")
+
+
+def job_accounting(job_id: str) -> str:
+    """One job's accounting, its steps included, in :data:`JOBSTATS_FORMAT` (``|``-separated,
+    no header): ONE sacct call. Under ``PrivateData=jobs`` a user gets only their own."""
+    return run(["sacct", "--noheader", "--parsable2", f"--format={JOBSTATS_FORMAT}",
+                "-j", job_id]).stdout
