@@ -6,6 +6,7 @@ the output here), so every reader is a pure function the tests feed directly.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +106,29 @@ def text_rows(text: str) -> list[JobRow]:
     return rows
 
 
+
+
+def hostlist(expression: str) -> list[str]:
+    """A Slurm hostlist (``gpu[1-2],cpu1``, ``/dev/nvidia[0-3]``) expanded without running
+    a command, by submitit's parser (the one pyhpc's jobs use); [] if it is not one."""
+    from submitit.slurm.slurm import SlurmParseException, _parse_node_list
+
+    try:
+        return list(_parse_node_list(expression))
+    except SlurmParseException:
+        return []
+
+
+def gres_gpu_files(node: str, gres_conf: str) -> list[str]:
+    """The device files gres.conf's text gives ``node``'s ``Name=gpu`` lines (``File=``, keys
+    in any case), in gres.conf's order: Slurm's GRES index IDX counts along this list."""
+    out: list[str] = []
+    for line in gres_conf.splitlines():
+        fields = {k.lower(): v for k, v in re.findall(r"(\w+)=(\S+)", line.split("#", 1)[0])}
+        listed = fields.get("file") or fields.get("files")
+        if fields.get("name") != "gpu" or not listed:
+            continue
+        if "nodename" in fields and node not in hostlist(fields["nodename"]):
+            continue
+        out += hostlist(listed)
+    return out

@@ -233,14 +233,14 @@ def srun(args: Sequence[str], timeout_s: float = TIMEOUT_S) -> subprocess.Comple
     return run(["srun", *args], check=False, timeout_s=timeout_s)
 
 
-def node_info() -> dict[str, dict[str, str]]:
+def node_info(timeout_s: float = TIMEOUT_S) -> dict[str, dict[str, str]]:
     """Every node's ``scontrol show node -o`` fields (``Gres``, ``State``, ``Partitions``,
     ``CfgTRES``, ``AllocTRES``...): ONE call for all nodes.
 
     Only the first occurrence of a key counts: free text (``OS=``) comes later. ``Reason``
     is the whole reason, without the ``[user@time]`` Slurm appends to it.
     """
-    proc = run(["scontrol", "show", "node", "-o"])
+    proc = run(["scontrol", "show", "node", "-o"], timeout_s=timeout_s)
     info: dict[str, dict[str, str]] = {}
     for line in proc.stdout.splitlines():
         fields: dict[str, str] = {}
@@ -325,6 +325,8 @@ def jobs_in_account(account: str) -> list[str]:
 
 # -- monitoring (pyhpc.monitor): one call of each per scrape, for any number of jobs -------
 
+#: Seconds a monitoring query may take: a scrape must answer before Prometheus gives up.
+MONITOR_TIMEOUT_S = 20.0
 #: squeue's columns for the exporter: raw job id, state, partition, account, user, reason.
 QUEUE_FORMAT = "%A|%T|%P|%a|%u|%r"
 
@@ -333,18 +335,19 @@ def all_jobs() -> str:
     """Every queued and running job and array task of every user and partition, one line
     each in :data:`QUEUE_FORMAT` (text: a few dozen bytes a job, where ``--json`` is some
     4 KB): ONE squeue call. Under ``PrivateData=jobs`` only an admin sees everyone's."""
-    return run(["squeue", "--noheader", "--all", "--array", f"--format={QUEUE_FORMAT}"]).stdout
+    return run(["squeue", "--noheader", "--all", "--array", f"--format={QUEUE_FORMAT}"],
+               timeout_s=MONITOR_TIMEOUT_S).stdout
 
 
 def job_details() -> str:
     """``scontrol -d -o show job``: every job slurmctld knows, one line each, with the
     per-node detail (``Nodes=gpu1 CPU_IDs=0-1 Mem=1024 GRES=gpu:1(IDX:0)``): ONE call."""
-    return run(["scontrol", "-d", "-o", "show", "job"]).stdout
+    return run(["scontrol", "-d", "-o", "show", "job"], timeout_s=MONITOR_TIMEOUT_S).stdout
 
 
 def scheduler_stats() -> str:
     """``sdiag``'s text (22.05 has no ``--json`` for it): ONE call."""
-    return run(["sdiag"]).stdout
+    return run(["sdiag"], timeout_s=MONITOR_TIMEOUT_S).stdout
 
 
 def running_in_accounting() -> subprocess.CompletedProcess[str]:
@@ -352,7 +355,7 @@ def running_in_accounting() -> subprocess.CompletedProcess[str]:
     without a start time means now), not checked: a failure means slurmdbd did not
     answer. ONE call."""
     return run(["sacct", "--allusers", "--allocations", "--noheader", "--parsable2",
-                "--state=RUNNING", "--format=JobIDRaw"], check=False)
+                "--state=RUNNING", "--format=JobIDRaw"], check=False, timeout_s=MONITOR_TIMEOUT_S)
 
 
 #: sacct's columns for a job summary (``pyhpc jobstats``), job and step lines alike.
