@@ -359,8 +359,8 @@ def running_in_accounting() -> subprocess.CompletedProcess[str]:
 
 
 #: sacct's columns for a job summary (``pyhpc jobstats``), job and step lines alike.
-JOBSTATS_FORMAT = ("JobID,JobIDRaw,User,Account,Partition,State,ElapsedRaw,TotalCPU,AllocCPUS,"
-                   "NNodes,NTasks,MaxRSS,ReqMem,AllocTRES,Start,End")
+JOBSTATS_FORMAT = ("JobID,JobIDRaw,User,Account,Partition,State,ElapsedRaw,TimelimitRaw,"
+                   "TotalCPU,AllocCPUS,NNodes,NTasks,MaxRSS,ReqMem,AllocTRES,Start,End")
 
 
 def job_accounting(job_id: str) -> str:
