@@ -71,9 +71,8 @@ def requested_memory(text: str, cpus: int, nodes: int) -> int | None:
     """ReqMem in bytes per node. Slurm 21.08 and later print the job's total; earlier
     versions suffix ``n`` (per node) or ``c`` (per CPU)."""
     suffix = text[-1:] if text[-1:] in ("n", "c") else ""
-    amount = size_bytes(text[:-1] if suffix else text) if text else None
-    if amount is None:
-        amount = size_bytes(text + "M") if text.isdigit() else None  # plain megabytes
+    number = text[:-1] if suffix else text
+    amount = size_bytes(number + "M" if number.isdigit() else number)  # plain: megabytes
     if amount is None or nodes < 1:
         return None
     if suffix == "n":

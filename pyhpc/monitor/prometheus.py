@@ -7,6 +7,7 @@ never a guess. The URL comes from ``--prometheus`` or ``$PYHPC_PROMETHEUS_URL``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import urllib.error
 import urllib.parse
@@ -81,7 +82,8 @@ def query(base: str, promql: str, at: float) -> list[tuple[dict[str, str], float
 
 
 def _window(start: float, end: float) -> str:
-    return f"{max(60, int(end - start) + 1)}s"
+    """The job's run as a range, at least a minute (a shorter one may hold no sample)."""
+    return f"{max(60, math.ceil(end - start))}s"
 
 
 def gpu_figures(base: str, job_id_raw: str, start: float, end: float) -> GpuFigures | None:
