@@ -18,7 +18,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train", "bench", "admin", "containers", "monitor"),  # the domain
     ("slurm",),
     ("dist", "cluster"),
-    ("cluster_users",),  # the definition's users, accounts and limits
+    ("cluster_users", "cluster_monitoring"),  # the definition's users, accounts and limits;
+    # its monitoring section
     ("schema",),  # the definition's field checks
     ("validate", "yamlio", "files", "paths"),
     ("errors",),
