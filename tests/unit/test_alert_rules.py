@@ -1,7 +1,7 @@
 """The monitoring role's Prometheus alert rules: rendered as Ansible renders them, valid
 rules YAML, and every metric an expression names is one pyhpc's exporters export in a
-scrape (Slurm and NVML faked) or node_exporter's filesystem metric. promtool checks them
-too where it is installed."""
+scrape (Slurm and NVML faked), node_exporter's filesystem metric or Prometheus' own `up`.
+promtool checks them too where it is installed."""
 from __future__ import annotations
 
 import re
@@ -21,20 +21,23 @@ from pyhpc.monitor import gpus, job_exporter, serve, slurm_exporter
 
 TEMPLATE = Path("ansible/roles/monitoring/templates/etc/prometheus/pyhpc-rules.yml.j2")
 NODE_EXPORTER = {"node_filesystem_avail_bytes", "node_filesystem_size_bytes"}
+#: What Prometheus records of every scrape itself.
+PROMETHEUS = {"up"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
                 "unless", "bool", "offset"}
 ALERTS = {"SlurmNodeDown", "SlurmNodeDrained", "GpusMissing", "SlurmdbdUnreachable",
-          "JobGpusIdle", "SlurmRunawayJobs", "FilesystemAlmostFull"}
+          "JobGpusIdle", "SlurmRunawayJobs", "FilesystemAlmostFull", "ExporterDown"}
 
 
-def render(mountpoints: list[str]) -> str:
+def render(mountpoints: list[str], alert_for: str | None = None) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(paths.ROOT), trim_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
-    return env.get_template(str(TEMPLATE)).render(monitoring_alert_mountpoints=mountpoints)
+    return env.get_template(str(TEMPLATE)).render(monitoring_alert_mountpoints=mountpoints,
+                                                  monitoring_alert_for=alert_for)
 
 
-def rules() -> list[dict]:
-    doc = yaml.safe_load(render(["/", "/var", "/home"]))
+def rules(alert_for: str | None = None) -> list[dict]:
+    doc = yaml.safe_load(render(["/", "/var", "/home"], alert_for))
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
@@ -68,7 +71,7 @@ def test_the_rules_are_the_alerts_the_issue_asks_for_each_with_a_severity_and_su
 
 
 def test_every_metric_an_alert_names_is_exported(tmp_path, fake_slurm) -> None:
-    known = exported(tmp_path, fake_slurm) | NODE_EXPORTER
+    known = exported(tmp_path, fake_slurm) | NODE_EXPORTER | PROMETHEUS
     for rule in rules():
         names = metric_names(rule["expr"])
         assert names and names <= known, (rule["alert"], names - known)
@@ -86,11 +89,22 @@ def test_the_filesystem_alert_watches_the_configured_mountpoints() -> None:
     assert expr.count('mountpoint=~"/|/var|/home"') == 2 and "> 0.90" in expr
 
 
+def test_each_alert_waits_its_own_time_unless_the_definition_sets_one() -> None:
+    own = {r["alert"]: r["for"] for r in rules()}
+    assert own["SlurmNodeDrained"] == "5m" and own["JobGpusIdle"] == "30m"
+    assert own["SlurmRunawayJobs"] == "1h" and own["ExporterDown"] == "2m"
+    assert "for 30m" in {r["alert"]: r for r in rules()}["JobGpusIdle"]["annotations"]["summary"]
+    lab = rules("30s")
+    assert {r["for"] for r in lab} == {"30s"}
+    assert {r["alert"]: r for r in lab}["JobGpusIdle"]["annotations"]["summary"].endswith(
+        "for 30s")
+
+
 def test_an_unset_mountpoint_list_fails_the_render() -> None:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(paths.ROOT),
                              undefined=jinja2.StrictUndefined)
     with pytest.raises(jinja2.UndefinedError):
-        env.get_template(str(TEMPLATE)).render()
+        env.get_template(str(TEMPLATE)).render(monitoring_alert_for=None)
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
