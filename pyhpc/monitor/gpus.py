@@ -82,12 +82,14 @@ def _text(value: str | bytes) -> str:
 
 @dataclass(frozen=True)
 class JobInfo:
-    """What slurmctld says of one job: owner, account, and its GPU indices per node."""
+    """What slurmctld says of one job: owner, account, and per node its GPU indices and
+    how many CPUs it holds there (``CPU_IDs``)."""
 
     job_id: str
     user: str
     account: str
     gpu_index: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    cpus: dict[str, int] = field(default_factory=dict)
 
 
 def _indices(spec: str) -> tuple[int, ...]:
@@ -100,25 +102,27 @@ def _indices(spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-_DETAIL = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+_DETAIL = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S*) Mem=\S* GRES=(\S*)")
 
 
 def job_details(text: str) -> dict[str, JobInfo]:
     """``scontrol -d -o show job``'s lines, by job id (``UserId=alice(1000)``,
-    ``Account=``, and each ``Nodes=... GRES=gpu:a100:2(IDX:0-1)`` block)."""
+    ``Account=``, and each ``Nodes=... CPU_IDs=0-3 ... GRES=gpu:a100:2(IDX:0-1)`` block)."""
     out: dict[str, JobInfo] = {}
     for line in text.splitlines():
         fields = dict(re.findall(r"(?:^|\s)(JobId|UserId|Account)=(\S*)", line))
         if not fields.get("JobId", "").isdigit():
             continue
         per_node: dict[str, tuple[int, ...]] = {}
-        for nodes, gres in _DETAIL.findall(line):
+        cpus: dict[str, int] = {}
+        for nodes, cpu_ids, gres in _DETAIL.findall(line):
             index = tuple(i for item in re.findall(r"gpu[^,(]*\(IDX:([0-9,-]+)\)", gres)
                           for i in _indices(item))
             for node in hostlist(nodes):
                 per_node[node] = index
+                cpus[node] = len(_indices(cpu_ids))
         out[fields["JobId"]] = JobInfo(fields["JobId"], fields.get("UserId", "").split("(")[0],
-                                       fields.get("Account", ""), per_node)
+                                       fields.get("Account", ""), per_node, cpus)
     return out
 
 

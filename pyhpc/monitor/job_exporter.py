@@ -83,6 +83,7 @@ class JobCollector:
                 ok.add_metric(["scontrol"], 0)
         labels = {(j.node, j.job_id): self._labels(j, details) for j in jobs}
         yield from job_metrics(jobs, labels)
+        yield from held_metrics(jobs, details, labels)
         samples = self.nvml.samples()
         yield self._seen(samples)
         if samples is not None:
@@ -138,6 +139,27 @@ def job_metrics(jobs: list[cgroups.JobUsage],
             if value is not None:
                 family.add_metric(key, value)
     yield from (cpu, mem, peak)
+
+
+def held_metrics(jobs: list[cgroups.JobUsage], details: dict[str, gpus.JobInfo],
+                 labels: dict[tuple[str, str], list[str]]) -> Iterator[Metric]:
+    """What each job holds on its node, the measure of its use: CPUs (slurmctld's CPU_IDs)
+    and GPUs (the NVIDIA devices its v1 cgroup may open, else its GRES indices). Counts of
+    an allocation, so the lab's stand-ins count too; absent where neither source says."""
+    cpus = GaugeMetricFamily("pyhpc_job_cpus", "CPUs the job holds on the node (Slurm's "
+                             "CPU_IDs)", labels=JOB_LABELS)
+    held = GaugeMetricFamily("pyhpc_job_gpus", "GPUs the job holds on the node (its device "
+                             "cgroup, else Slurm's GRES indices)", labels=JOB_LABELS)
+    for job in jobs:
+        info = details.get(job.job_id)
+        key = labels[(job.node, job.job_id)]
+        if info is not None and job.node in info.cpus:
+            cpus.add_metric(key, info.cpus[job.node])
+        if job.gpu_minors is not None:
+            held.add_metric(key, len(job.gpu_minors))
+        elif info is not None and job.node in info.gpu_index:
+            held.add_metric(key, len(info.gpu_index[job.node]))
+    yield from (cpus, held)
 
 
 def gpu_metrics(samples: list[gpus.GpuSample], holders: dict[int, tuple[str, str]],

@@ -97,8 +97,9 @@ def test_devices_list_gives_the_gpus_a_job_may_open_or_none_if_unrestricted(text
 
 def test_scontrol_details_give_user_account_and_gpu_indices_per_node() -> None:
     details = gpus.job_details(DETAILS)
-    assert details["41"] == gpus.JobInfo("41", "alice", "lab", {"gpu1": (1, 2)})
+    assert details["41"] == gpus.JobInfo("41", "alice", "lab", {"gpu1": (1, 2)}, {"gpu1": 2})
     assert details["42"].gpu_index == {"cpu1": (), "cpu2": ()} and details["42"].account == "ws"
+    assert details["42"].cpus == {"cpu1": 1, "cpu2": 1}
     assert gpus.minors_by_index((1, 2), [7, 4, 5, 6]) == {5, 6}
 
 
@@ -158,6 +159,20 @@ def test_jobs_are_labelled_from_one_scontrol_call(tmp_path, details) -> None:
     assert 'pyhpc_job_cpu_seconds_total{account="ws"' not in text  # no cpuacct: absent
     assert [c[0] for c in details.calls] == ["scontrol"]
     assert 'pyhpc_exporter_scrape_slurm_commands{command="scontrol"} 1.0' in text
+
+
+def test_what_each_job_holds_is_exported_beside_what_it_uses(tmp_path, details) -> None:
+    """CPUs from scontrol's CPU_IDs; GPUs from the device cgroup (41 may open 195:2-3),
+    else from the GRES indices (a v2 host); nothing invented where neither says."""
+    v1 = scrape(job_exporter.JobCollector(["gpu1"], v1_tree(tmp_path / "v1"), tmp_path / "g",
+                                          gpus.Nvml(FakeNvml([], init_error=True))))
+    assert 'pyhpc_job_cpus{account="lab",jobid="41",node="gpu1",user="alice"} 2.0' in v1
+    assert 'pyhpc_job_gpus{account="lab",jobid="41",node="gpu1",user="alice"} 2.0' in v1
+    assert "pyhpc_job_cpus{account=\"ws\"" not in v1  # 42 runs on cpu1-2, not on gpu1
+    v2 = scrape(job_exporter.JobCollector(["cpu1"], v2_tree(tmp_path / "v2"), tmp_path / "g",
+                                          gpus.Nvml(FakeNvml([], init_error=True))))
+    assert 'pyhpc_job_cpus{account="ws",jobid="42",node="cpu1",user="bob"} 1.0' in v2
+    assert 'pyhpc_job_gpus{account="ws",jobid="42",node="cpu1",user="bob"} 0.0' in v2
 
 
 def test_an_idle_host_asks_slurm_nothing(tmp_path, details) -> None:
