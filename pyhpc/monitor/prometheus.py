@@ -1,5 +1,6 @@
-"""A job's GPU and memory figures from Prometheus' query API (``/api/v1/query``), over
-the samples the job exporter took while the job ran.
+"""Prometheus' query API (``/api/v1/query``, ``query_range``): a job's GPU and memory
+figures over the samples the job exporter took while the job ran, and the range queries
+of the cluster report.
 
 Where no Prometheus is configured, or it does not answer, there are no figures: None,
 never a guess. The URL comes from ``--prometheus`` or ``$PYHPC_PROMETHEUS_URL``.
@@ -53,10 +54,9 @@ def url(given: str | None) -> str | None:
     return checked
 
 
-def query(base: str, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
-    """One instant query: each series' labels and value."""
-    address = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql,
-                                                                "time": f"{at:.3f}"})
+def _get(base: str, api: str, params: dict[str, str]) -> list[Any]:
+    """One call of the query API (``query`` or ``query_range``): its ``data.result``."""
+    address = f"{base}/api/v1/{api}?" + urllib.parse.urlencode(params)
     try:
         # http(s) only: url() checked the scheme.
         with urllib.request.urlopen(address, timeout=TIMEOUT_S) as answer:
@@ -72,13 +72,32 @@ def query(base: str, promql: str, at: float) -> list[tuple[dict[str, str], float
     if not isinstance(result, list) or data.get("status") != "success":
         raise PrometheusError(f"prometheus: the query failed ({json.dumps(data)[:120]})",
                               "prometheus")
+    return result
+
+
+def query(base: str, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
+    """One instant query: each series' labels and value."""
     out = []
-    for series in result:
+    for series in _get(base, "query", {"query": promql, "time": f"{at:.3f}"}):
         try:
             out.append((dict(series["metric"]), float(series["value"][1])))
         except (KeyError, IndexError, TypeError, ValueError):
             continue
     return [(labels, value) for labels, value in out if value == value]  # NaN: no figure
+
+
+def query_range(base: str, promql: str, start: float, end: float, step: float,
+                ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+    """One range query: each series' labels and its (time, value) points, NaN left out."""
+    out = []
+    params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    for series in _get(base, "query_range", params):
+        try:
+            points = [(float(t), float(v)) for t, v in series["values"]]
+            out.append((dict(series["metric"]), [(t, v) for t, v in points if v == v]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
 
 
 def _window(start: float, end: float) -> str:

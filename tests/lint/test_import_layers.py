@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cluster_users", "cluster_monitoring"),  # the definition's users, accounts and limits;
     # its monitoring section
     ("schema",),  # the definition's field checks
+    ("plots",),  # what every report's plots share
     ("validate", "yamlio", "files", "paths"),
     ("errors",),
 )
