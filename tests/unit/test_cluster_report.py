@@ -37,7 +37,7 @@ def answers(win: cluster_report.Window) -> dict[str, list[dict[str, Any]]]:
         "nodes": [series({"state": "idle"}, 2), series({"state": "allocated"}, 2)],
         "host_cpu": [series({"instance": "localhost"}, 0.5)],
         "gpus_allocated": [series({}, 0.5)],
-        "jobs": [series({"state": "RUNNING"}, 3), series({"state": "PENDING"}, 1)],
+        "jobs": [series({"state": "running"}, 3), series({"state": "pending"}, 1)],
         "gpus_by_account": [series({"account": "lab"}, 2)],
         "cpus_held": [series(JOBS[j], 2) for j in JOBS],
         "cpu_used": [series(JOBS["busy"], 2), series(JOBS["sleep"], 0.02),
