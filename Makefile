@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-hostlab containers clean \
+.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-hostlab bench-monitoring containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -84,6 +84,9 @@ bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-r
 
 bench-scale: venv lab-up ## Benchmark scale (4-64 nodes, 1,000 jobs, DDP start-up): benchmarks/results/scale.json, docs/scale-*.png (~30 min; redeploys the lab).
 	$(PY) -m benchmarks.scale
+
+bench-monitoring: venv lab-up ## Benchmark monitoring: training samples/s with and without it (ABBA), scrape cost at 4 and 68 nodes, Slurm commands per scrape (~20 min; redeploys the lab).
+	$(PY) -m benchmarks.monitoring
 
 bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/results/<name>.json.
 	$(PY) -m benchmarks.containers --from-scratch
