@@ -111,10 +111,15 @@ def let_read(path: Path, uid: int) -> bool:
 def write(store: Path, rec: Record, uid: int | None) -> Path:
     """Store ``rec`` (0640, atomically, no link followed); its owner may read it."""
     where = files.safe_dir(store, "store")
-    files.set_group_readable(True)
     data = {"schema": SCHEMA, **asdict(rec)}
-    path = files.write_text(path_of(where, rec.job_id_raw),
-                            json.dumps(validate.json_safe(data), sort_keys=True) + "\n", "store")
+    was = files.group_readable()
+    files.set_group_readable(True)  # 0640 for this file only: the process's mode stays
+    try:
+        path = files.write_text(path_of(where, rec.job_id_raw),
+                                json.dumps(validate.json_safe(data), sort_keys=True) + "\n",
+                                "store")
+    finally:
+        files.set_group_readable(was)
     if uid is not None:
         let_read(path, uid)
     return path

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pyhpc import files
 from pyhpc.cli import main as cli
 from pyhpc.errors import PyhpcError
 from pyhpc.monitor import hints, jobstats, prometheus, record
@@ -142,6 +143,13 @@ def test_the_record_is_written_privately_and_never_through_a_link(tmp_path) -> N
     (store / "4243.json").symlink_to(tmp_path / "elsewhere")
     record.write(store, record.Record("4243", "bob", 0.0, 1.0, None, None), None)
     assert not (tmp_path / "elsewhere").exists() and not (store / "4243.json").is_symlink()
+
+
+def test_writing_a_record_leaves_the_process_private(tmp_path) -> None:
+    """0640 is for the record alone: what the process writes next is private again."""
+    assert not files.group_readable()
+    path = stored(tmp_path, None) / "4242.json"
+    assert path.stat().st_mode & 0o777 == 0o640 and not files.group_readable()
 
 
 def test_a_store_others_can_write_is_refused(tmp_path) -> None:
