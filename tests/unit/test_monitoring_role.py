@@ -319,14 +319,31 @@ def test_a_new_lab_node_list_changes_the_job_exporters_service() -> None:
     assert script("cluster.yml") != script("ddl256.yml")
 
 
-def test_the_record_wrapper_runs_the_record_isolated_with_the_servers_url(
+def test_the_record_program_runs_the_record_isolated_and_reads_the_servers_url(
         hostlab: Cluster, shellcheck: str) -> None:
+    """The program needs nothing of other hosts (site.yml installs it before Slurm); the
+    server's URL comes from a file the monitoring play writes."""
     text = hostlab["ctl"].render("usr/local/sbin/pyhpc-jobstats-record.j2")
-    assert "exec /usr/bin/python3 -I -B -c" in text
-    assert "--prometheus http://10.89.77.10:9090 --store /var/lib/pyhpc/jobstats" in text
+    assert "exec /usr/bin/python3 -I -B -c" in text and "--store /var/lib/pyhpc/jobstats" in text
+    assert "http" not in text and ". /etc/default/pyhpc-jobstats-record" in text
+    assert hostlab["ctl"].render("etc/default/pyhpc-jobstats-record.j2").endswith(
+        "PYHPC_PROMETHEUS_URL=http://10.89.77.10:9090\n")
     proc = subprocess.run([shellcheck, "-"], input=text, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_the_record_program_is_installed_before_slurmctld_starts_with_it() -> None:
+    """slurmctld checks EpilogSlurmctld once, when it starts: site.yml installs the program
+    in a play before the Slurm play, from the role's record-program.yml alone."""
+    plays = yaml.safe_load((paths.ROOT / "ansible" / "site.yml").read_text())
+    names = [p.get("name", "") for p in plays]
+    early = names.index("Install the job-end record before slurmctld starts with it")
+    assert early < names.index("Install and configure Slurm")
+    task = plays[early]["tasks"][0]["ansible.builtin.include_role"]
+    assert task == {"name": "monitoring", "tasks_from": "record-program"}
+    program = (ROLE / "tasks" / "record-program.yml").read_text()
+    assert "hostvars" not in program and "monitoring_target" not in program
 
 
 def test_the_record_program_is_the_one_slurm_conf_names() -> None:
