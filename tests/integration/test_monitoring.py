@@ -159,7 +159,7 @@ def test_a_gpu_job_on_the_stand_ins_gets_no_invented_gpu_figures() -> None:
     assert query("pyhpc_gpu_utilization_ratio") == []  # no driver: no utilization at all
     seen = {labels["node"]: value for labels, value in
             query('pyhpc_node_gpus_seen{source="devices"}')}
-    assert seen == {"gpu1": 2.0, "gpu2": 2.0}
+    assert seen == {"cpu1": 0.0, "cpu2": 0.0, "gpu1": 2.0, "gpu2": 2.0}  # counted, not measured
     until(f"job {job} ended in accounting", lambda: ended(job), timeout=90)
     data = json.loads(until("jobstats answers", lambda: (
         p.stdout if (p := jobstats("user1", job, check=False)).returncode == 0 else None),
