@@ -1,13 +1,15 @@
 """The monitoring role without a host: its derived variables and templates evaluated by
-Ansible's own templar for the lab (one host) and for hostlab's six hosts, as the role
-renders them on each host. What runs where and listens on which address; Prometheus'
-configuration (promtool where installed) and Alertmanager's (amtool); the exporters'
-init scripts stop by pid file only (shellcheck); the job-end record's modules are exactly
-what pyhpc.monitor.record imports, and only the standard library.
+Ansible's own templar (role_eval.py, in a child process) for the lab (one host) and for
+hostlab's six hosts, as the role renders them on each host. What runs where and listens
+on which address; Prometheus' configuration (promtool where installed) and Alertmanager's
+(amtool); the exporters' init scripts stop by pid file only (shellcheck); the job-end
+record's modules are exactly what pyhpc.monitor.record imports, and only the standard
+library.
 """
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -17,8 +19,6 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
 
 from pyhpc import cluster, paths
 
@@ -33,82 +33,50 @@ ADDRESSES = {"ctl": "10.89.77.10", "db": "10.89.77.11", "login": "10.89.77.12",
              "cpu1": "10.89.77.13", "gpu1": "10.89.77.14", "gpu2": "10.89.77.15"}
 
 
-def trusted(value: Any) -> Any:
-    """The role's own YAML, as Ansible trusts a role's files: its strings are templates."""
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return {k: trusted(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [trusted(v) for v in value]
-    return value
+EVAL = Path(__file__).with_name("role_eval.py")
 
 
-def address_fact() -> dict[str, Any]:
-    """address.yml's monitoring_target, each value an expression (the fact every host sets)."""
-    tasks = yaml.safe_load((ROLE / "tasks" / "address.yml").read_text())
-    fact = next(t for t in tasks if "ansible.builtin.set_fact" in t)
-    values = fact["ansible.builtin.set_fact"]["monitoring_target"]
-    return {k: v.strip().removeprefix("{{").removesuffix("}}") if isinstance(v, str) else v
-            for k, v in values.items()}
-
-
-def role_files() -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for part in ("defaults/main.yml", "vars/main.yml", "vars/Debian.yml"):
-        found.update(trusted(yaml.safe_load((ROLE / part).read_text())))
-    return found
-
-
-class Host:
-    """One host's view of the role: its variables, through Ansible's templar."""
-
-    def __init__(self, name: str, groups: dict[str, list[str]], definition: dict[str, Any],
-                 facts: dict[str, dict[str, Any]], sysv: bool = False) -> None:
-        self.name = name
-        every = sorted({h for hosts in groups.values() for h in hosts})
-        self.vars: dict[str, Any] = {
-            **role_files(), "monitoring_cluster": definition, "inventory_hostname": name,
-            "groups": {**groups, "all": every}, "ansible_facts": facts[name],
-            "ansible_service_mgr": "sysvinit" if sysv else "systemd"}
-        self.templar = Templar(loader=DataLoader(), variables=self.vars)
-
-    def get(self, expr: str) -> Any:
-        return self.templar.template(trust_as_template("{{ " + expr + " }}"))
-
-    def render(self, template: str, **extra: Any) -> str:
-        """As the template module renders it (trim_blocks, backslashes kept)."""
-        templar = self.templar.copy_with_new_env(available_variables={**self.vars, **extra})
-        source = trust_as_template((ROLE / "templates" / template).read_text())
-        text: str = templar.template(source, escape_backslashes=False,
-                                     overrides={"trim_blocks": True})
-        return text
-
-
-class Cluster:
-    """Every host of an inventory, after the role's address.yml ran on each (the
-    monitoring_target facts the server reads through hostvars)."""
+class Roles:
+    """An inventory's hosts as the role sees each of them. Ansible runs in a child process
+    (role_eval.py): importing it patches the interpreter, after which torch cannot be
+    imported in it, and the unit tests share one process."""
 
     def __init__(self, groups: dict[str, list[str]], definition: dict[str, Any],
-                 addresses: dict[str, str], sysv: bool = False) -> None:
-        names = sorted({h for hosts in groups.values() for h in hosts})
-        facts = {n: {"default_ipv4": {"address": addresses[n]}} for n in names}
-        self.hosts = {n: Host(n, groups, definition, facts, sysv) for n in names}
-        hostvars: dict[str, Any] = {}
-        for name, host in self.hosts.items():
-            target = {k: host.get(v) if isinstance(v, str) else v
-                      for k, v in address_fact().items()}
-            hostvars[name] = {"inventory_hostname": name, "monitoring_target": target}
-        for host in self.hosts.values():
-            host.vars["hostvars"] = hostvars
-            host.vars["monitoring_target"] = hostvars[host.name]["monitoring_target"]
+                 addresses: dict[str, str], sysv: bool = False, **extra: Any) -> None:
+        self.spec = {"groups": groups, "definition": definition, "addresses": addresses,
+                     "sysv": sysv, "extra": extra}
+        self.hosts = {n: Host(self, n) for n in sorted({h for g in groups.values() for h in g})}
+
+    def ask(self, *asks: dict[str, Any]) -> list[Any]:
+        proc = subprocess.run([sys.executable, str(EVAL)], capture_output=True, text=True,
+                              input=json.dumps({**self.spec, "asks": list(asks)}), check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        answers: list[Any] = json.loads(proc.stdout)
+        return answers
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
 
+    def each(self, expr: str) -> dict[str, Any]:
+        """``expr`` on every host, in one child process."""
+        return dict(zip(self.hosts, self.ask(*[{"host": h, "expr": expr} for h in self.hosts]),
+                        strict=True))
+
     def running(self, service: str) -> list[str]:
-        return [n for n, h in self.hosts.items()
-                if service in [s["name"] for s in h.get("monitoring_own_services")]]
+        return [h for h, own in self.each("monitoring_own_services").items()
+                if service in [s["name"] for s in own]]
+
+
+class Host:
+    def __init__(self, roles: Roles, name: str) -> None:
+        self.roles, self.name = roles, name
+
+    def get(self, expr: str) -> Any:
+        return self.roles.ask({"host": self.name, "expr": expr})[0]
+
+    def render(self, template: str, **extra: Any) -> str:
+        text: str = self.roles.ask({"host": self.name, "template": template, "vars": extra})[0]
+        return text
 
 
 def definition(inventory: str, **monitoring: Any) -> dict[str, Any]:
@@ -127,77 +95,83 @@ def shellcheck() -> str:
 
 
 @pytest.fixture
-def lab() -> Cluster:
+def lab() -> Roles:
     groups = {g: ["localhost"] for g in ("controller", "login", "compute")}
-    return Cluster(groups, definition("lab"), {"localhost": "192.0.2.7"}, sysv=True)
+    return Roles(groups, definition("lab"), {"localhost": "192.0.2.7"}, sysv=True)
 
 
 @pytest.fixture
-def hostlab() -> Cluster:
-    return Cluster(HOSTLAB, definition("hostlab"), ADDRESSES)
+def hostlab() -> Roles:
+    return Roles(HOSTLAB, definition("hostlab"), ADDRESSES)
 
 
-def test_the_lab_runs_everything_on_its_one_host_on_127_0_0_1(lab: Cluster) -> None:
-    host = lab["localhost"]
-    assert host.get("monitoring_enable") == {"server": True, "alertmanager": False,
-                                             "slurm_exporter": True, "job_exporter": True,
-                                             "record": True, "login": True}
-    assert host.get("monitoring_listen_address") == "127.0.0.1"
-    assert host.get("monitoring_prometheus_url").strip() == "http://127.0.0.1:9090"
-    targets = host.get("monitoring_scrape_targets")
+def E(host: str, expr: str) -> dict[str, Any]:  # noqa: N802  # one ask: an expression
+    return {"host": host, "expr": expr}
+
+
+def T(host: str, template: str, **extra: Any) -> dict[str, Any]:  # noqa: N802  # a template
+    return {"host": host, "template": template, "vars": extra}
+
+
+def test_the_lab_runs_everything_on_its_one_host_on_127_0_0_1(lab: Roles) -> None:
+    enable, address, url, targets, own = lab.ask(
+        *(E("localhost", x) for x in ("monitoring_enable", "monitoring_listen_address",
+                                      "monitoring_prometheus_url", "monitoring_scrape_targets",
+                                      "monitoring_own_services")))
+    assert enable == {"server": True, "alertmanager": False, "slurm_exporter": True,
+                      "job_exporter": True, "record": True, "login": True}
+    assert address == "127.0.0.1" and url.strip() == "http://127.0.0.1:9090"
     assert {job: [t["address"] for t in found] for job, found in targets.items()} == {
         "prometheus": ["127.0.0.1:9090"], "alertmanager": [], "node": ["127.0.0.1:9100"],
         "slurm": ["127.0.0.1:9810"], "jobs": ["127.0.0.1:9811"]}
-
-
-def test_the_labs_one_job_exporter_covers_every_emulated_node(lab: Cluster) -> None:
-    job = next(s for s in lab["localhost"].get("monitoring_own_services")
-               if s["name"] == "pyhpc-job-exporter")
+    # One job exporter covers every emulated node; the node list's digest is in its service.
+    job = next(s for s in own if s["name"] == "pyhpc-job-exporter")
     assert job["args"] == ["--listen", "127.0.0.1:9811", "--nodes-file", "/etc/slurm/lab-nodes"]
     assert re.fullmatch(r"[0-9a-f]{40}", job["nodes_digest"])
 
 
-def test_hostlab_hosts_each_run_their_part_on_their_own_address(hostlab: Cluster) -> None:
-    assert [n for n, h in hostlab.hosts.items() if h.get("monitoring_enable")["server"]] == ["ctl"]
-    assert hostlab.running("pyhpc-slurm-exporter") == ["login"]
-    assert hostlab.running("pyhpc-job-exporter") == ["cpu1", "gpu1", "gpu2"]
-    assert [n for n, h in hostlab.hosts.items() if h.get("monitoring_enable")["record"]] == ["ctl"]
-    gpu1 = next(s for s in hostlab["gpu1"].get("monitoring_own_services")
-                if s["name"] == "pyhpc-job-exporter")
+def test_hostlab_hosts_each_run_their_part_on_their_own_address(hostlab: Roles) -> None:
+    enable = hostlab.each("monitoring_enable")
+    own = hostlab.each("monitoring_own_services")
+    assert [n for n, e in enable.items() if e["server"]] == ["ctl"]
+    assert [n for n, e in enable.items() if e["record"]] == ["ctl"]
+    assert [n for n, o in own.items() if "pyhpc-slurm-exporter" in str(o)] == ["login"]
+    assert [n for n, o in own.items() if "pyhpc-job-exporter" in str(o)] == ["cpu1", "gpu1", "gpu2"]
+    gpu1 = next(s for s in own["gpu1"] if s["name"] == "pyhpc-job-exporter")
     assert gpu1["args"] == ["--listen", "10.89.77.14:9811", "--node", "gpu1"]
-    targets = hostlab["ctl"].get("monitoring_scrape_targets")
+    targets, url = hostlab.ask(E("ctl", "monitoring_scrape_targets"),
+                               E("login", "monitoring_prometheus_url"))
     assert [(t["instance"], t["address"]) for t in targets["node"]] == [
         (n, f"{ADDRESSES[n]}:9100") for n in sorted(ADDRESSES)]
     assert [t["address"] for t in targets["slurm"]] == ["10.89.77.12:9810"]
-    assert hostlab["login"].get("monitoring_prometheus_url").strip() == "http://10.89.77.10:9090"
+    assert url.strip() == "http://10.89.77.10:9090"
 
 
 def test_a_monitor_host_takes_prometheus_from_the_controller() -> None:
-    groups = {**HOSTLAB, "monitor": ["db"]}
-    hosts = Cluster(groups, definition("hostlab"), ADDRESSES)
-    assert [n for n, h in hosts.hosts.items() if h.get("monitoring_enable")["server"]] == ["db"]
-    assert hosts["ctl"].get("monitoring_enable")["record"]  # slurmctld's epilog stays there
+    hosts = Roles({**HOSTLAB, "monitor": ["db"]}, definition("hostlab"), ADDRESSES)
+    enable = hosts.each("monitoring_enable")
+    assert [n for n, e in enable.items() if e["server"]] == ["db"]
+    assert enable["ctl"]["record"]  # slurmctld's epilog stays with slurmctld
 
 
-def test_without_the_pyhpc_environment_only_prometheus_and_node_exporter_run(
-        hostlab: Cluster) -> None:
-    for host in hostlab.hosts.values():
-        host.vars["pyhpc_deploy_login"] = False
-    assert hostlab.running("pyhpc-slurm-exporter") == hostlab.running("pyhpc-job-exporter") == []
-    assert hostlab["ctl"].get("monitoring_enable")["server"]
+def test_without_the_pyhpc_environment_only_prometheus_and_node_exporter_run() -> None:
+    hosts = Roles(HOSTLAB, definition("hostlab"), ADDRESSES, pyhpc_deploy_login=False)
+    assert hosts.running("pyhpc-slurm-exporter") == hosts.running("pyhpc-job-exporter") == []
+    assert hosts["ctl"].get("monitoring_enable")["server"]
 
 
 def test_ipv6_addresses_are_bracketed_before_their_port() -> None:
     addresses = {n: f"fd00:89::{i + 1}" for i, n in enumerate(sorted(ADDRESSES))}
-    hosts = Cluster(HOSTLAB, definition("hostlab"), addresses)
-    assert hosts["ctl"].get("monitoring_target.host") == "[fd00:89::2]"
-    assert [t["address"] for t in hosts["ctl"].get("monitoring_scrape_targets")["slurm"]] == [
-        "[fd00:89::6]:9810"]
-    assert "--web.listen-address=[fd00:89::2]:9090" in hosts["ctl"].render(
-        "etc/default/prometheus.j2")
+    hosts = Roles(HOSTLAB, definition("hostlab"), addresses)
+    host, targets, args = hosts.ask(E("ctl", "monitoring_target.host"),
+                                    E("ctl", "monitoring_scrape_targets"),
+                                    T("ctl", "etc/default/prometheus.j2"))
+    assert host == "[fd00:89::2]"
+    assert [t["address"] for t in targets["slurm"]] == ["[fd00:89::6]:9810"]
+    assert "--web.listen-address=[fd00:89::2]:9090" in args
 
 
-def test_the_network_picker_finds_the_one_address_in_the_cidr(hostlab: Cluster) -> None:
+def test_the_network_picker_finds_the_one_address_in_the_cidr(hostlab: Roles) -> None:
     program = hostlab["ctl"].get("monitoring_network_picker")
 
     def pick(network: str, *addresses: str) -> str:
@@ -211,35 +185,37 @@ def test_the_network_picker_finds_the_one_address_in_the_cidr(hostlab: Cluster) 
     assert pick("10.0.0.0/8", "10.0.0.1", "10.1.0.1") == "10.0.0.1 10.1.0.1"  # refused
 
 
-def rendered_prometheus(host: Host, tmp_path: Path) -> Path:
-    rules = tmp_path / "pyhpc-rules.yml"
-    rules.write_text(host.render("etc/prometheus/pyhpc-rules.yml.j2"))
-    config = tmp_path / "prometheus.yml"
-    config.write_text(host.render("etc/prometheus/prometheus.yml.j2",
-                                  monitoring_prometheus_rules=str(rules)))
+def rendered_prometheus(roles: Roles, server: str, tmp_path: Path) -> Path:
+    """The server's rules and configuration, the configuration naming these rules."""
+    rules, config = tmp_path / "pyhpc-rules.yml", tmp_path / "prometheus.yml"
+    texts = roles.ask(T(server, "etc/prometheus/pyhpc-rules.yml.j2"),
+                      T(server, "etc/prometheus/prometheus.yml.j2",
+                        monitoring_prometheus_rules=str(rules)))
+    rules.write_text(texts[0])
+    config.write_text(texts[1])
     return config
 
 
 @pytest.mark.parametrize("where", ["lab", "hostlab"])
 def test_prometheus_scrapes_every_target_and_loads_the_rules(where: str, tmp_path: Path,
                                                              request: pytest.FixtureRequest) -> None:
-    hosts: Cluster = request.getfixturevalue(where)
+    hosts: Roles = request.getfixturevalue(where)
     server = "localhost" if where == "lab" else "ctl"
-    doc = yaml.safe_load(rendered_prometheus(hosts[server], tmp_path).read_text())
+    doc = yaml.safe_load(rendered_prometheus(hosts, server, tmp_path).read_text())
     jobs = {c["job_name"]: c for c in doc["scrape_configs"]}
     assert sorted(jobs) == ["jobs", "node", "prometheus", "slurm"]
     assert doc["rule_files"] == [str(tmp_path / "pyhpc-rules.yml")]
     interval = "5s" if where == "lab" else "15s"
     assert doc["global"]["scrape_interval"] == doc["global"]["scrape_timeout"] == interval
     nodes = {c["labels"]["instance"]: c["targets"] for c in jobs["node"]["static_configs"]}
-    assert nodes == {n: [f"{hosts[n].get('monitoring_listen_address')}:9100"]
-                     for n in hosts.hosts}
+    addresses = hosts.each("monitoring_listen_address")
+    assert nodes == {n: [f"{address}:9100"] for n, address in addresses.items()}
     assert "alerting" not in doc
     text = (tmp_path / "prometheus.yml").read_text()
     assert "0.0.0.0" not in text and "localhost:" not in text
 
 
-def test_the_labs_alerts_fire_after_its_definitions_wait(lab: Cluster) -> None:
+def test_the_labs_alerts_fire_after_its_definitions_wait(lab: Roles) -> None:
     rules = yaml.safe_load(lab["localhost"].render("etc/prometheus/pyhpc-rules.yml.j2"))
     assert {r["for"] for g in rules["groups"] for r in g["rules"]} == {"30s"}
     full = next(r for r in rules["groups"][0]["rules"] if r["alert"] == "FilesystemAlmostFull")
@@ -251,23 +227,23 @@ def test_the_labs_alerts_fire_after_its_definitions_wait(lab: Cluster) -> None:
 @pytest.mark.parametrize("where", ["lab", "hostlab"])
 def test_promtool_accepts_the_configuration(where: str, tmp_path: Path,
                                             request: pytest.FixtureRequest) -> None:
-    hosts: Cluster = request.getfixturevalue(where)
-    config = rendered_prometheus(hosts["localhost" if where == "lab" else "ctl"], tmp_path)
+    hosts: Roles = request.getfixturevalue(where)
+    config = rendered_prometheus(hosts, "localhost" if where == "lab" else "ctl", tmp_path)
     proc = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True,
                           text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_alertmanager_gets_every_alert_and_listens_on_the_servers_address(tmp_path: Path) -> None:
-    hosts = Cluster(HOSTLAB, definition("hostlab", alertmanager=True), ADDRESSES)
-    ctl = hosts["ctl"]
-    doc = yaml.safe_load(rendered_prometheus(ctl, tmp_path).read_text())
+    hosts = Roles(HOSTLAB, definition("hostlab", alertmanager=True), ADDRESSES)
+    doc = yaml.safe_load(rendered_prometheus(hosts, "ctl", tmp_path).read_text())
     assert doc["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
         "10.89.77.10:9093"]
-    args = ctl.render("etc/default/prometheus-alertmanager.j2")
+    args, text = hosts.ask(T("ctl", "etc/default/prometheus-alertmanager.j2"),
+                           T("ctl", "etc/prometheus/alertmanager.yml.j2"))
     assert "--web.listen-address=10.89.77.10:9093 --cluster.listen-address=\"" in args
     config = tmp_path / "alertmanager.yml"
-    config.write_text(ctl.render("etc/prometheus/alertmanager.yml.j2"))
+    config.write_text(text)
     assert yaml.safe_load(config.read_text())["receivers"] == [{"name": "pyhpc-admins"}]
     if shutil.which("amtool"):
         proc = subprocess.run(["amtool", "check-config", str(config)], capture_output=True,
@@ -275,24 +251,27 @@ def test_alertmanager_gets_every_alert_and_listens_on_the_servers_address(tmp_pa
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_every_daemon_listens_on_the_hosts_address_only(hostlab: Cluster) -> None:
-    ctl, gpu2 = hostlab["ctl"], hostlab["gpu2"]
-    assert 'ARGS="--web.listen-address=10.89.77.15:9100"' in gpu2.render(
-        "etc/default/prometheus-node-exporter.j2")
-    prometheus = ctl.render("etc/default/prometheus.j2")
+def test_every_daemon_listens_on_the_hosts_address_only(hostlab: Roles) -> None:
+    own = hostlab["gpu2"].get("monitoring_own_services")
+    node, prometheus, *units = hostlab.ask(
+        T("gpu2", "etc/default/prometheus-node-exporter.j2"), T("ctl", "etc/default/prometheus.j2"),
+        *(T("gpu2", "etc/systemd/system/pyhpc-exporter.service.j2", monitoring_service=s)
+          for s in own))
+    assert 'ARGS="--web.listen-address=10.89.77.15:9100"' in node
     assert "--web.listen-address=10.89.77.10:9090" in prometheus
     assert "--storage.tsdb.retention.time=15d" in prometheus
-    for service in gpu2.get("monitoring_own_services"):
-        unit = gpu2.render("etc/systemd/system/pyhpc-exporter.service.j2",
-                           monitoring_service=service)
+    assert units and len(units) == len(own)
+    for service, unit in zip(own, units, strict=True):
         assert f"--listen 10.89.77.15:{service['args'][1].rsplit(':', 1)[1]}" in unit
         assert "User=slurm\n" in unit and "-P -m pyhpc.monitor." in unit
 
 
-def test_the_exporters_init_scripts_go_by_pid_file_only(lab: Cluster, shellcheck: str) -> None:
-    host = lab["localhost"]
-    for service in host.get("monitoring_own_services"):
-        script = host.render("etc/init.d/pyhpc-exporter.j2", monitoring_service=service)
+def test_the_exporters_init_scripts_go_by_pid_file_only(lab: Roles, shellcheck: str) -> None:
+    own = lab["localhost"].get("monitoring_own_services")
+    scripts = lab.ask(*(T("localhost", "etc/init.d/pyhpc-exporter.j2", monitoring_service=s)
+                        for s in own))
+    assert len(scripts) == 2
+    for service, script in zip(own, scripts, strict=True):
         calls = re.findall(r"start-stop-daemon (--\w+)((?:\\\n|[^\n])*)", script)
         assert {c[0] for c in calls} == {"--status", "--start", "--stop"}
         for _, options in calls:
@@ -310,24 +289,25 @@ def test_a_new_lab_node_list_changes_the_job_exporters_service() -> None:
     def script(nodes_file: str) -> str:
         data = yaml.safe_load((INVENTORIES / "lab" / nodes_file).read_text())
         groups = {g: ["localhost"] for g in ("controller", "login", "compute")}
-        host = Cluster(groups, cluster.parse(data, RAM_MB).to_dict(), {"localhost": "x"},
-                       sysv=True)["localhost"]
-        service = next(s for s in host.get("monitoring_own_services")
+        roles = Roles(groups, cluster.parse(data, RAM_MB).to_dict(), {"localhost": "x"},
+                      sysv=True)
+        service = next(s for s in roles["localhost"].get("monitoring_own_services")
                        if s["name"] == "pyhpc-job-exporter")
-        return host.render("etc/init.d/pyhpc-exporter.j2", monitoring_service=service)
+        return roles["localhost"].render("etc/init.d/pyhpc-exporter.j2",
+                                         monitoring_service=service)
 
     assert script("cluster.yml") != script("ddl256.yml")
 
 
 def test_the_record_program_runs_the_record_isolated_and_reads_the_servers_url(
-        hostlab: Cluster, shellcheck: str) -> None:
+        hostlab: Roles, shellcheck: str) -> None:
     """The program needs nothing of other hosts (site.yml installs it before Slurm); the
     server's URL comes from a file the monitoring play writes."""
-    text = hostlab["ctl"].render("usr/local/sbin/pyhpc-jobstats-record.j2")
+    text, defaults = hostlab.ask(T("ctl", "usr/local/sbin/pyhpc-jobstats-record.j2"),
+                                 T("ctl", "etc/default/pyhpc-jobstats-record.j2"))
     assert "exec /usr/bin/python3 -I -B -c" in text and "--store /var/lib/pyhpc/jobstats" in text
     assert "http" not in text and ". /etc/default/pyhpc-jobstats-record" in text
-    assert hostlab["ctl"].render("etc/default/pyhpc-jobstats-record.j2").endswith(
-        "PYHPC_PROMETHEUS_URL=http://10.89.77.10:9090\n")
+    assert defaults.endswith("PYHPC_PROMETHEUS_URL=http://10.89.77.10:9090\n")
     proc = subprocess.run([shellcheck, "-"], input=text, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stdout
