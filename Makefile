@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hostlab containers clean \
+.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hostlab bench-monitoring containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -90,6 +90,9 @@ bench-deep: venv lab-up ## Benchmark the deep model: pipeline stages vs unsplit,
 
 bench-crash: venv lab-up ## Benchmark the controller-crash window: accepted jobs that survive a slurmctld killed 0-30 s after a burst (~15 min; TARGET=hostlab for hostlab as it is up).
 	$(PY) -m benchmarks.crash --target $(or $(TARGET),lab)
+
+bench-monitoring: venv lab-up ## Benchmark monitoring: training samples/s with and without it (ABBA), scrape cost at 4 and 68 nodes, Slurm commands per scrape (~20 min; redeploys the lab).
+	$(PY) -m benchmarks.monitoring
 
 bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/results/<name>.json.
 	$(PY) -m benchmarks.containers --from-scratch

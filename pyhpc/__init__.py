@@ -30,6 +30,8 @@ __all__ = sorted(_API)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "meter":  # pyhpc.meter.Meter after a bare ``import pyhpc``
+        return importlib.import_module("pyhpc.meter")
     if name not in _API:
         raise AttributeError(f"module 'pyhpc' has no attribute {name!r}")
     value = getattr(importlib.import_module(_API[name]), name)

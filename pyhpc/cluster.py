@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import validate, yamlio
+from pyhpc.cluster_monitoring import MONITORING_KEYS, Monitoring, parse_monitoring
 from pyhpc.cluster_users import (
     ACCOUNT_KEYS,
     DIRECTORY_KEYS,
@@ -24,8 +25,9 @@ from pyhpc.cluster_users import (
 from pyhpc.errors import echo
 from pyhpc.schema import MAX_ITEMS, ConfigError, boolean, check_keys, choice, integer, listing, name, names
 
-__all__ = ["ACCOUNT_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "Account", "Cluster",
-           "ConfigError", "Directory", "Limits", "Node", "Partition", "listing", "load", "parse"]
+__all__ = ["ACCOUNT_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MONITORING_KEYS", "Account",
+           "Cluster", "ConfigError", "Directory", "Limits", "Monitoring", "Node", "Partition",
+           "listing", "load", "parse"]
 
 
 MODES = ("lab", "hosts")
@@ -46,6 +48,8 @@ TOP_KEYS = {
     "accounts": "list of accounts",
     "directory": "the user directory (LDAP): empty for pyhpc's own, or an existing one's uri, "
                  "base_dn, bind_dn, bind_password_file, ca_file",
+    "monitoring": "Prometheus and pyhpc's exporters: enabled, listen, ports, retention, "
+                  "alertmanager, scrape_interval, alert_for, job_records",
 }
 LAB_KEYS = {"slurmd_base_port": "first port of the emulated slurmd daemons"}
 NODE_KEYS = {
@@ -112,6 +116,7 @@ class Cluster:
     accounts: tuple[Account, ...] = field(default_factory=tuple)
     directory: Directory | None = None
     tuning: str = "default"
+    monitoring: Monitoring = field(default_factory=Monitoring)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -264,6 +269,9 @@ def parse(data: Any, ram_mb: int | None = None) -> Cluster:
         accounts=parse_accounts(data.get("accounts", []), MAX_ITEMS),
         directory=parse_directory(data.get("directory"), cluster_name),
         tuning=choice("tuning", data.get("tuning", "default"), TUNINGS),
+        monitoring=parse_monitoring(data.get("monitoring"), mode,
+                                    range(base_port, base_port + len(nodes)) if mode == "lab"
+                                    else range(0)),
     )
 
 

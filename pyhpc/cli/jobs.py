@@ -18,6 +18,7 @@ from pyhpc import cluster, files, paths, validate
 from pyhpc.bench import config as bench
 from pyhpc.bench import results as bench_results
 from pyhpc.bench import submit as bench_submit
+from pyhpc.cli import monitor as cli_monitor
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
 from pyhpc.slurm import jobspec, lost, records, render, resubmit, slurm, watch
@@ -232,6 +233,11 @@ def _report(dirs: list[Path], scaling: str, png: Path | None, as_json: bool,
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.cluster or args.html or args.since is not None or args.prometheus:
+        return cli_monitor.cmd_cluster_report(args)
+    if not args.dirs:
+        raise PyhpcError("report: name run or sweep directories, or --cluster --html DIR "
+                         "for the cluster", "dirs")
     epochs = (None if args.time_to_train is None else
               validate.integer("time_to_train", args.time_to_train, 1, 100000, error=PyhpcError))
     _report([Path(d) for d in args.dirs], args.scaling, Path(args.png) if args.png else None,
@@ -365,12 +371,14 @@ def add_commands(sub: Any) -> None:
     _wait_options(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("report", help="table + PNG of throughput and efficiency vs workers")
-    p.add_argument("dirs", nargs="+", help="run or sweep directories (metrics.jsonl inside)")
+    p = sub.add_parser("report", help="table + PNG of throughput and efficiency vs workers; "
+                       "with --cluster, the cluster's use from Prometheus as an HTML page")
+    p.add_argument("dirs", nargs="*", help="run or sweep directories (metrics.jsonl inside)")
     p.add_argument("--scaling", choices=metrics.SCALING, default="weak")
     p.add_argument("--png", help="plot path (default: scaling.png beside the runs)")
     p.add_argument("--time-to-train", metavar="EPOCHS",
                    help="also plot the time to train EPOCHS epochs against workers, one line "
                         "per batch size (time-to-train.png beside the scaling plot)")
     p.add_argument("--json", action="store_true", help="print the runs as JSON")
+    cli_monitor.cluster_report_options(p)
     p.set_defaults(func=cmd_report)

@@ -19,6 +19,7 @@ from pyhpc.admin import doctor, runaway
 from pyhpc.cli import admin as cli_admin
 from pyhpc.cli import containers as cli_containers
 from pyhpc.cli import jobs as cli_jobs
+from pyhpc.cli import monitor as cli_monitor
 from pyhpc.errors import PyhpcError
 
 DESCRIPTION = ("Submit multi-node PyTorch jobs to a Slurm cluster and report their "
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--json", action="store_true", help="print the normalised definition")
     val.set_defaults(func=cmd_cluster_validate)
     cli_jobs.add_commands(sub)
+    cli_monitor.add_commands(sub)
     doc = sub.add_parser("doctor", help="check the running cluster (munge, slurmctld, "
                          "slurmdbd, nodes, a 2-node job, sacct, runaway jobs)")
     doc.add_argument("--json", action="store_true", help="print the checks as JSON")

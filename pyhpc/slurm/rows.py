@@ -1,5 +1,6 @@
 """What Slurm's query tools print, as rows: squeue's and sacct's JSON and text output, and
-the times they print. Pure parsing: :mod:`pyhpc.slurm.slurm` runs the commands.
+the times they print; hostlists and gres.conf's GPU files. Pure parsing:
+:mod:`pyhpc.slurm.slurm` runs the commands.
 
 Times in text output are local (``2026-11-25T16:18:54``, Slurm's standard format, which
 :mod:`pyhpc.slurm.slurm` asks for with ``SLURM_TIME_FORMAT=standard``) and become epoch
@@ -8,6 +9,7 @@ seconds here; ``Unknown``, ``None`` and anything else unreadable become 0 (unkno
 from __future__ import annotations
 
 import functools
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -166,4 +168,30 @@ def open_rows(text: str) -> list[OpenRecord]:
         state = parts[4].split()[0]
         if state in OPEN_STATES and epoch(parts[5]) == 0:
             out.append(OpenRecord(parts[0], parts[1], parts[2], epoch(parts[3]), state))
+    return out
+
+
+def hostlist(expression: str) -> list[str]:
+    """A Slurm hostlist (``gpu[1-2],cpu1``, ``/dev/nvidia[0-3]``) expanded without running
+    a command, by submitit's parser (the one pyhpc's jobs use); [] if it is not one."""
+    from submitit.slurm.slurm import SlurmParseException, _parse_node_list
+
+    try:
+        return list(_parse_node_list(expression))
+    except SlurmParseException:
+        return []
+
+
+def gres_gpu_files(node: str, gres_conf: str) -> list[str]:
+    """The device files gres.conf's text gives ``node``'s ``Name=gpu`` lines (``File=``, keys
+    in any case), in gres.conf's order: Slurm's GRES index IDX counts along this list."""
+    out: list[str] = []
+    for line in gres_conf.splitlines():
+        fields = {k.lower(): v for k, v in re.findall(r"(\w+)=(\S+)", line.split("#", 1)[0])}
+        listed = fields.get("file") or fields.get("files")
+        if fields.get("name") != "gpu" or not listed:
+            continue
+        if "nodename" in fields and node not in hostlist(fields["nodename"]):
+            continue
+        out += hostlist(listed)
     return out

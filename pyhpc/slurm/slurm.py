@@ -10,6 +10,7 @@ text output where it does not (parsed in :mod:`pyhpc.slurm.rows`). Tests replace
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -59,6 +60,9 @@ def run_command(argv: Sequence[str], stdin: str | None, timeout_s: float,
 
 
 RUNNER: Runner = run_command
+#: Commands run by this process, by tool, each attempt counted (a retry too): the exporters
+#: show from it that a scrape runs one of each, whatever the number of jobs.
+CALLS: collections.Counter[str] = collections.Counter()
 
 
 def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
@@ -66,6 +70,7 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
     """Run one command through :data:`RUNNER`, retrying while slurmctld is busy."""
     proc: subprocess.CompletedProcess[str] | None = None
     for attempt in range(RETRIES + 1):
+        CALLS[argv[0]] += 1
         try:
             proc = RUNNER(argv, stdin, timeout_s)
         except FileNotFoundError:
@@ -285,17 +290,22 @@ def srun(args: Sequence[str], timeout_s: float = TIMEOUT_S) -> subprocess.Comple
     return run(["srun", *args], check=False, timeout_s=timeout_s)
 
 
-def node_info() -> dict[str, dict[str, str]]:
-    """Every node's ``scontrol show node -o`` fields (``Gres``, ``State``, ``Partitions``...).
+def node_info(timeout_s: float = TIMEOUT_S) -> dict[str, dict[str, str]]:
+    """Every node's ``scontrol show node -o`` fields (``Gres``, ``State``, ``Partitions``,
+    ``CfgTRES``, ``AllocTRES``...): ONE call for all nodes.
 
-    Only the first occurrence of a key counts: free text (``Reason=``, ``OS=``) comes later.
+    Only the first occurrence of a key counts: free text (``OS=``) comes later. ``Reason``
+    is the whole reason, without the ``[user@time]`` Slurm appends to it.
     """
-    proc = run(["scontrol", "show", "node", "-o"])
+    proc = run(["scontrol", "show", "node", "-o"], timeout_s=timeout_s)
     info: dict[str, dict[str, str]] = {}
     for line in proc.stdout.splitlines():
         fields: dict[str, str] = {}
         for match in re.finditer(r"(\w+)=(\S*)", line):
             fields.setdefault(match.group(1), match.group(2))
+        reason = re.search(r" Reason=(.*?)(?: \[[^\]\s]*@[^\]\s]*\].*)?\s*$", line)
+        if reason:
+            fields["Reason"] = reason.group(1).strip()
         if fields.get("NodeName"):
             info[fields["NodeName"]] = fields
     return info
@@ -368,3 +378,50 @@ def jobs_in_account(account: str) -> list[str]:
     submitted them: a workshop's delete cancels these and no others."""
     proc = run(["squeue", "-h", "-o", "%i", f"--account={account}"])
     return sorted(set(proc.stdout.split()), key=_idkey)
+
+
+# -- monitoring (pyhpc.monitor): one call of each per scrape, for any number of jobs -------
+
+#: Seconds a monitoring query may take: a scrape must answer before Prometheus gives up.
+MONITOR_TIMEOUT_S = 20.0
+#: squeue's columns for the exporter: raw job id, state, partition, account, user, reason.
+QUEUE_FORMAT = "%A|%T|%P|%a|%u|%r"
+
+
+def all_jobs() -> str:
+    """Every queued and running job and array task of every user and partition, one line
+    each in :data:`QUEUE_FORMAT` (text: a few dozen bytes a job, where ``--json`` is some
+    4 KB): ONE squeue call. Under ``PrivateData=jobs`` only an admin sees everyone's."""
+    return run(["squeue", "--noheader", "--all", "--array", f"--format={QUEUE_FORMAT}"],
+               timeout_s=MONITOR_TIMEOUT_S).stdout
+
+
+def job_details() -> str:
+    """``scontrol -d -o show job``: every job slurmctld knows, one line each, with the
+    per-node detail (``Nodes=gpu1 CPU_IDs=0-1 Mem=1024 GRES=gpu:1(IDX:0)``): ONE call."""
+    return run(["scontrol", "-d", "-o", "show", "job"], timeout_s=MONITOR_TIMEOUT_S).stdout
+
+
+def scheduler_stats() -> str:
+    """``sdiag``'s text (22.05 has no ``--json`` for it): ONE call."""
+    return run(["sdiag"], timeout_s=MONITOR_TIMEOUT_S).stdout
+
+
+def running_in_accounting() -> subprocess.CompletedProcess[str]:
+    """Raw ids of the jobs the accounting database holds as running now (``sacct -s R``
+    without a start time means now), not checked: a failure means slurmdbd did not
+    answer. ONE call."""
+    return run(["sacct", "--allusers", "--allocations", "--noheader", "--parsable2",
+                "--state=RUNNING", "--format=JobIDRaw"], check=False, timeout_s=MONITOR_TIMEOUT_S)
+
+
+#: sacct's columns for a job summary (``pyhpc jobstats``), job and step lines alike.
+JOBSTATS_FORMAT = ("JobID,JobIDRaw,User,Account,Partition,State,ElapsedRaw,TimelimitRaw,"
+                   "TotalCPU,AllocCPUS,NNodes,NTasks,MaxRSS,ReqMem,AllocTRES,Start,End")
+
+
+def job_accounting(job_id: str) -> str:
+    """One job's accounting, its steps included, in :data:`JOBSTATS_FORMAT` (``|``-separated,
+    no header): ONE sacct call. Under ``PrivateData=jobs`` a user gets only their own."""
+    return run(["sacct", "--noheader", "--parsable2", f"--format={JOBSTATS_FORMAT}",
+                "-j", job_id]).stdout

@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import stat
 import sys
 import time
@@ -41,6 +40,7 @@ from pyhpc.errors import PyhpcError
 from pyhpc.train import config as trainconfig
 from pyhpc.train import deep, metrics, startup
 from pyhpc.train.config import TrainConfig, TrainError
+from pyhpc.train.meter import Meter
 
 #: When this module's imports (torch's among them) were done: a :mod:`pyhpc.train.startup` mark.
 IMPORTED = time.time()
@@ -238,12 +238,13 @@ class EpochResult:
 
 
 def train_epoch(model: nn.Module, loader: DataLoader[Batch], opt: torch.optim.Optimizer,
-                loss_fn: nn.Module, timer: metrics.StepTimer | None, skip: int = 0,
+                loss_fn: nn.Module, timer: metrics.Clock | None, skip: int = 0,
                 place: device.Placement = device.CPU) -> EpochResult:
     """The training loop, one epoch, on ``place`` (the model is already there). With a
-    timer every step is timed (the harness); without one only a stopwatch runs, after
-    ``skip`` warm-up steps (its baseline). The loss sum stays on the device: no host
-    synchronisation per step for it."""
+    timer (the run's :class:`~pyhpc.train.meter.Meter`, or a bare StepTimer) every step is
+    timed (the harness); without one only a stopwatch runs, after ``skip`` warm-up steps
+    (its baseline). The loss sum stays on the device: no host synchronisation per step
+    for it."""
     total, count = torch.zeros((), device=place.torch_device()), 0
     if timer is not None:
         timer.restart()
@@ -363,16 +364,17 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
         drop_last=True)
     loader = make_loader(train_set, cfg.batch_size, sampler, place)
     loss_fn = nn.CrossEntropyLoss()
-    timer = metrics.StepTimer(sync=place.synchronize)
+    meter = run_meter(cfg, out, place)
     for epoch in range(start, cfg.epochs):
         sampler.set_epoch(epoch)
-        result = train_epoch(ddp, loader, opt, loss_fn, timer, place=place)
+        result = train_epoch(ddp, loader, opt, loss_fn, meter, place=place)
         steps = torch.tensor(float(result.steps), device=result.loss_sum.device)
         total = torch.stack([result.loss_sum, steps])
         td.all_reduce(total)
         record = {"epoch": epoch, "loss": (total[0] / total[1]).item(),
                   "test_accuracy": _evaluate(model, test_set, place), "attempt": attempts}
         history.append(record)
+        meter.epoch_end(loss=record["loss"], test_accuracy=record["test_accuracy"])
         if info.rank == 0:
             _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                               "epoch": epoch, "history": history, "attempts": attempts})
@@ -381,7 +383,7 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
             print(f"pyhpc.train: epoch {epoch} loss {record['loss']:.4f} "
                   f"test accuracy {record['test_accuracy']:.3f}", flush=True)
         td.barrier()
-    summary = _report(cfg, info, timer, history, out, len(train_set), marks)
+    summary = _report(cfg, info, meter, history, out, len(train_set), marks)
     # Drop DDP's reference to the process group before tearing it down, so the gloo
     # group is freed now rather than at interpreter exit (where it can abort).
     del ddp, loader
@@ -390,19 +392,31 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
     return summary
 
 
-def _report(cfg: TrainConfig, info: dist.DistInfo, timer: metrics.StepTimer,
+def run_meter(cfg: TrainConfig, out: Path, place: device.Placement,
+              workers: int | None = None) -> Meter:
+    """The run's :class:`~pyhpc.train.meter.Meter` (``pyhpc.meter``, the API researchers
+    use too): the batch per rank, warm-up, model and data of the config; on a GPU each
+    clock reading waits for the step's kernels."""
+    return Meter(out, local_batch=cfg.batch_size, warmup_steps=cfg.warmup_steps,
+                 model=model_name(cfg), mode=cfg.mode, workers=workers,
+                 sync=place.synchronize, name="pyhpc.train")
+
+
+def rank_info(info: dist.DistInfo, marks: startup.Marks) -> dict[str, Any]:
+    """What each rank adds to its steps in the gathered records (ranks.jsonl, startup)."""
+    return {"rank": info.rank, "pid": os.getpid(), "device": info.place.name,
+            "precision": info.place.precision, "marks": asdict(marks)}
+
+
+def _report(cfg: TrainConfig, info: dist.DistInfo, meter: Meter,
             history: list[dict[str, Any]], out: Path, samples_per_epoch: int,
             marks: startup.Marks) -> metrics.Summary | None:
     """Gather every rank's timings and startup marks; rank 0 writes ranks.jsonl,
     startup.json (this attempt's: a requeued job's replaces it), metrics.jsonl and .csv."""
-    mine = {"rank": info.rank, "host": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-            "step_times": timer.times, "pid": os.getpid(), "device": info.place.name,
-            "precision": info.place.precision, "marks": asdict(marks)}
-    gathered: list[Any] = [None] * info.world_size
-    td.all_gather_object(gathered, mine)
+    gathered = meter.gather(rank_info(info, marks))
     summary = None
-    if info.rank == 0:
-        summary = _write_report(cfg, info, gathered, history, out, samples_per_epoch)
+    if info.rank == 0 and gathered is not None:
+        summary = _write_report(cfg, gathered, history, out, samples_per_epoch, meter)
     td.barrier()
     return summary
 
@@ -414,38 +428,24 @@ def model_name(cfg: TrainConfig) -> str:
     return "LeNet" if cfg.mode == "digits" else "WideCNN"
 
 
-def _write_report(cfg: TrainConfig, info: dist.DistInfo, gathered: list[Any],
+def _write_report(cfg: TrainConfig, gathered: list[dict[str, Any]],
                   history: list[dict[str, Any]], out: Path, samples_per_epoch: int,
-                  workers: int | None = None, extra: dict[str, Any] | None = None,
+                  meter: Meter, extra: dict[str, Any] | None = None,
                   ) -> metrics.Summary | None:
-    """Rank 0's files from every rank's gathered record: ranks.jsonl, startup.json,
-    metrics.jsonl and .csv. ``workers``: data-parallel workers (default: every rank)."""
-    summary = None
+    """Rank 0's files from every rank's gathered record: ranks.jsonl, startup.json, and
+    the meter's metrics.jsonl and .csv (with the run's figures from the whole history,
+    earlier attempts included)."""
     files.append_text(out / "ranks.jsonl", "".join(
-        json.dumps({k: v for k, v in r.items() if k not in ("step_times", "marks")}
+        json.dumps({k: v for k, v in r.items() if k not in ("step_times", "samples", "marks")}
                    | {"steps": len(r["step_times"])}) + "\n" for r in gathered))
     files.write_text(out / "startup.json", json.dumps(startup.report(
         [{k: r[k] for k in ("rank", "host", "pid", "marks")} for r in gathered],
         os.environ), indent=1))
-    if gathered[0]["step_times"]:
-        env = metrics.Environment(
-            torch_version=torch.__version__, backend=info.backend,
-            job_id=os.environ.get("SLURM_JOB_ID", "local"),
-            nodes=sorted({r["host"] for r in gathered}), local_batch=cfg.batch_size,
-            mode=cfg.mode, model=model_name(cfg))
-        ranks = [metrics.RankTimes(r["rank"], r["host"], r["step_times"]) for r in gathered]
-        try:
-            summary = metrics.summarize(ranks, cfg.warmup_steps, env, workers=workers, extra={
-                "epochs": cfg.epochs, "final_loss": history[-1]["loss"] if history else None,
-                "first_loss": history[0]["loss"] if history else None,
-                "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
-                "samples_per_epoch": samples_per_epoch, **(extra or {})})
-        except metrics.MetricsError as exc:  # e.g. a resumed run with too few steps left
-            print(f"pyhpc.train: no throughput summary: {exc}", file=sys.stderr, flush=True)
-        else:
-            metrics.write_jsonl(out / "metrics.jsonl", [summary])
-            metrics.write_csv(out / "metrics.csv", metrics.read_jsonl(out / "metrics.jsonl"))
-    return summary
+    return meter.write(gathered, extra={
+        "epochs": cfg.epochs, "final_loss": history[-1]["loss"] if history else None,
+        "first_loss": history[0]["loss"] if history else None,
+        "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
+        "samples_per_epoch": samples_per_epoch, **(extra or {})})
 
 
 class Trainer:

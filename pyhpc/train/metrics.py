@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, Protocol, get_args, get_type_hints
 
 from pyhpc import files, validate
 from pyhpc.errors import PyhpcError, echo
@@ -55,6 +55,15 @@ class StepTimer:
         now = time.perf_counter()
         self.times.append(now - self._last)
         self._last = now
+
+
+class Clock(Protocol):
+    """What a training loop marks its steps on: a :class:`StepTimer`, or the
+    :class:`~pyhpc.train.meter.Meter` that holds one."""
+
+    def restart(self) -> None: ...
+
+    def step(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -134,15 +143,23 @@ def slowest_steps(ranks: Sequence[RankTimes], warmup: int) -> list[float]:
 
 
 def summarize(ranks: Sequence[RankTimes], warmup: int, env: Environment,
-              extra: dict[str, Any] | None = None, workers: int | None = None) -> Summary:
+              extra: dict[str, Any] | None = None, workers: int | None = None,
+              step_samples: Sequence[int] | None = None) -> Summary:
     """Throughput of one run from every rank's step times. ``workers``: the data-parallel
     workers, each with ``env.local_batch`` samples a step (default: every rank; a pipelined
-    run has one per pipeline)."""
+    run has one per pipeline). ``step_samples``: the samples of each step over all ranks,
+    where steps differ (a last, smaller batch): the rate is then the samples of the
+    measured steps over their time."""
     slow = slowest_steps(ranks, warmup)
     workers = len(ranks) if workers is None else workers
     global_batch = env.local_batch * workers
     mean = sum(slow) / len(slow)
     rate = global_batch / mean
+    if step_samples is not None:
+        if len(step_samples) != len(slow) + warmup:
+            raise MetricsError(f"{len(step_samples)} sample counts for "
+                               f"{len(slow) + warmup} steps")
+        rate = sum(step_samples[warmup:]) / sum(slow)
     return Summary(
         workers=workers, local_batch=env.local_batch, global_batch=global_batch,
         steps=len(slow), warmup_steps=warmup,

@@ -21,12 +21,11 @@ import gc
 import json
 import os
 import signal
-import socket
 import stat
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from pyhpc import dist, files
 from pyhpc.dist import device
 from pyhpc.train import deep, loop, metrics, startup
 from pyhpc.train.config import TrainConfig, TrainError
+from pyhpc.train.meter import Meter
 
 #: The commit record: the last epoch every stage has written.
 COMMIT = "pipeline.json"
@@ -267,49 +267,47 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
                           group=mesh["pp"].get_group())
     schedule = SCHEDULES[cfg.schedule](stage, cfg.microbatches, loss_fn=nn.CrossEntropyLoss())
     loader, sampler, test = loaders(cfg, where)
-    timer = metrics.StepTimer(sync=place.synchronize)
+    meter = loop.run_meter(cfg, out, place, workers=where.replicas)
     busy_share: list[float] = []
     for epoch in range(start, cfg.epochs):
         sampler.set_epoch(epoch)
         loss_sum, steps = torch.zeros((), device=place.torch_device()), 0
-        timer.restart()
+        meter.restart()
         busy.take()
         for batch in loader:
             opt.zero_grad(set_to_none=True)
             loss = step(schedule, where, batch, place)
             opt.step()
-            timer.step()
-            busy_share.append(busy.take() / timer.times[-1])
+            meter.step()
+            busy_share.append(busy.take() / meter.times[-1])
             loss_sum += loss if loss is not None else 0.0
             steps += 1
         accuracy = evaluate(schedule, where, test, cfg.microbatches, place)
         history.append(_epoch_record(where, mesh, loss_sum, steps, accuracy, epoch, attempts))
+        meter.epoch_end(loss=history[-1]["loss"], test_accuracy=history[-1]["test_accuracy"])
         commit(out, cfg, where, epoch, history, attempts, module, opt)
         if info.rank == 0:
             print(f"pyhpc.train: epoch {epoch} loss {history[-1]['loss']:.4f} "
                   f"test accuracy {history[-1]['test_accuracy']:.3f}", flush=True)
-    summary = report(cfg, info, where, timer, busy_share, history, out, marks)
+    summary = report(cfg, info, where, meter, busy_share, history, out, marks)
     del schedule, stage, wrapped, loader
     gc.collect()
     dist.teardown()
     return summary
 
 
-def report(cfg: TrainConfig, info: dist.DistInfo, where: Layout, timer: metrics.StepTimer,
+def report(cfg: TrainConfig, info: dist.DistInfo, where: Layout, meter: Meter,
            busy_share: list[float], history: list[dict[str, Any]], out: Path,
            marks: startup.Marks) -> metrics.Summary | None:
     """Every rank's step times, stage, peak memory and bubble, gathered; rank 0 writes the
     run's files (as :func:`pyhpc.train.loop.run` does) with the pipeline's figures."""
     measured = busy_share[cfg.warmup_steps:] or busy_share
-    mine = {"rank": info.rank, "host": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-            "step_times": timer.times, "pid": os.getpid(), "device": info.place.name,
-            "precision": info.place.precision, "marks": asdict(marks), "stage": where.stage,
-            "peak_memory_bytes": device.peak_memory_bytes(info.place),
-            "bubble": 1.0 - sum(measured) / len(measured) if measured else None}
-    gathered: list[Any] = [None] * info.world_size
-    td.all_gather_object(gathered, mine)
+    gathered = meter.gather({
+        **loop.rank_info(info, marks), "stage": where.stage,
+        "peak_memory_bytes": device.peak_memory_bytes(info.place),
+        "bubble": 1.0 - sum(measured) / len(measured) if measured else None})
     summary = None
-    if info.rank == 0:
+    if info.rank == 0 and gathered is not None:
         per_stage = [[r for r in gathered if r["stage"] == s] for s in range(where.stages)]
         bubbles = [[r["bubble"] for r in rows if r["bubble"] is not None] for rows in per_stage]
         extra = {
@@ -319,9 +317,8 @@ def report(cfg: TrainConfig, info: dist.DistInfo, where: Layout, timer: metrics.
             "stage_peak_memory_bytes": [max(r["peak_memory_bytes"] for r in rows) for rows in per_stage],
             "stage_bubble": [round(sum(b) / len(b), 4) if b else None for b in bubbles],
             "bubble_theory": round(bubble_theory(where.stages, cfg.microbatches), 4)}
-        summary = loop._write_report(cfg, info, gathered, history, out,
-                                     int(0.8 * cfg.synthetic_samples), workers=where.replicas,
-                                     extra=extra)
+        summary = loop._write_report(cfg, gathered, history, out,
+                                     int(0.8 * cfg.synthetic_samples), meter, extra=extra)
     td.barrier()
     return summary
 

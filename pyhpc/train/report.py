@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pyhpc import files, validate
+from pyhpc import files, plots, validate
 from pyhpc.errors import PyhpcError, echo
-from pyhpc.train import metrics, plots
+from pyhpc.train import metrics
 
 #: The plot's name when only a directory is given (or nothing).
 PNG_NAME = "scaling.png"

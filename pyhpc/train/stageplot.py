@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyhpc.train import metrics, plots
+from pyhpc import plots
+from pyhpc.train import metrics
 
 PNG_NAME = "pipeline.png"
 

@@ -42,6 +42,10 @@ def daemon_pids() -> dict[str, str]:
     files = [Path("/run/slurmctld.pid"), Path("/run/slurmdbd.pid"),
              Path("/run/munge/munged.pid"), Path("/run/mysqld/mysqld.pid")]
     files += [Path(f"/run/slurmd-{n.name}.pid") for n in LAB.nodes]
+    if LAB.monitoring.enabled:  # Debian's init scripts' pid files, and the exporters'
+        files += [Path("/run/prometheus/prometheus.pid"),
+                  Path("/run/prometheus/prometheus-node-exporter.pid"),
+                  Path("/run/pyhpc-slurm-exporter.pid"), Path("/run/pyhpc-job-exporter.pid")]
     return {f.name: f.read_text().strip() for f in files}
 
 

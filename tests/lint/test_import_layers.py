@@ -12,19 +12,22 @@ from pyhpc import paths
 PACKAGE = paths.ROOT / "pyhpc"
 #: Top to bottom. A module may import from its own folder or from a layer below its own.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "__main__", "container_run", "jupyter"),  # entry points: the API, python -m names
+    ("__init__", "__main__", "container_run", "jupyter", "meter"),  # entry points: the API,
+    # python -m names, pyhpc.meter (the public name of train.meter)
     ("cli",),
-    ("train", "bench", "admin", "containers"),  # the domain
+    ("train", "bench", "admin", "containers", "monitor"),  # the domain
     ("slurm",),
     ("dist", "cluster"),
-    ("cluster_users",),  # the definition's users, accounts and limits
+    ("cluster_users", "cluster_monitoring"),  # the definition's users, accounts and limits;
+    # its monitoring section
     ("schema",),  # the definition's field checks
+    ("plots",),  # what every report's plots share
     ("validate", "yamlio", "files", "paths"),
     ("errors",),
 )
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
-#: Imports across one layer: none. bench, train, admin and containers share only what is
-#: below them.
+#: Imports across one layer: none. bench, train, admin, containers and monitor share only
+#: what is below them.
 SIDEWAYS: set[tuple[str, str]] = set()
 
 

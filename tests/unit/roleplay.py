@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -36,6 +37,14 @@ def results(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Task name (without its role) -> localhost's result, over every play."""
     return {task["task"]["name"].split(" : ", 1)[-1]: task["hosts"]["localhost"]
             for p in report["plays"] for task in p["tasks"] if "localhost" in task["hosts"]}
+
+
+def other_plays_off(*keep: str) -> dict[str, bool]:
+    """Every site.yml play's ``pyhpc_deploy_*`` flag false but those of ``keep``: a role
+    test that runs site.yml on this machine runs its own role's play and no other. Read from
+    site.yml, so the play of a role added later is off too."""
+    flags = sorted(set(re.findall(r"pyhpc_deploy_(\w+)", (ANSIBLE / "site.yml").read_text())))
+    return {f"pyhpc_deploy_{flag}": False for flag in flags if flag not in keep}
 
 
 def extra(**values: Any) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 # pytest puts tests/unit on sys.path (no package).
-from roleplay import ANSIBLE, extra, results, run_playbook, skip_if_present
+from roleplay import ANSIBLE, extra, other_plays_off, results, run_playbook, skip_if_present
 
 FSTAB = Path("/etc/fstab")
 # What a real server run would write: none of it may exist after a check.
@@ -172,8 +172,7 @@ def test_site_runs_the_role_only_with_an_nfs_server_group(tmp_path: Path, fstab:
     groups = {"controller": THIS, "login": THIS, "compute": THIS, **(SERVER if with_server else {})}
     hosts = inventory(tmp_path, groups, pyhpc_cluster_file=str(tmp_path / "cluster.yml"))
     proc, report = play(tmp_path, hosts, *extra(
-        pyhpc_deploy_login=False, pyhpc_deploy_nvidia=False, pyhpc_deploy_directory=False,
-        pyhpc_deploy_munge=False, pyhpc_deploy_slurm=False, pyhpc_deploy_containers=False, **NETWORK),
+        **other_plays_off("nfs"), **NETWORK),
         playbook=ANSIBLE / "site.yml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     tasks = results(report)

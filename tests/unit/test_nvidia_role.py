@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 # pytest puts tests/unit on sys.path (no package).
-from roleplay import ANSIBLE, extra, results, run_playbook, skip_if_present
+from roleplay import ANSIBLE, extra, other_plays_off, results, run_playbook, skip_if_present
 
 REAL_PCI = Path("/sys/bus/pci/devices")
 NO_GPU = "has no NVIDIA GPU (no PCI device of vendor 0x10de with a display or 3D class in"
@@ -167,8 +167,7 @@ def test_site_runs_the_role_only_on_nodes_with_gpu_detect_nvml(tmp_path: Path, g
                      "compute": {"hosts": {"localhost": None}}}}}))
     pci = fake_pci(tmp_path / "sys", GPU)
     proc, report = play(tmp_path, "--check", *extra(
-        pyhpc_deploy_login=False, pyhpc_deploy_munge=False, pyhpc_deploy_slurm=False,
-        pyhpc_deploy_containers=False, nvidia_pci_devices_path=str(pci)),
+        **other_plays_off("nvidia"), nvidia_pci_devices_path=str(pci)),
         playbook=ANSIBLE / "site.yml", inventory=inventory)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     tasks = results(report)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from pyhpc import plots
 from pyhpc.errors import PyhpcError
 from pyhpc.files import FileError
-from pyhpc.train import metrics, plots, report
+from pyhpc.train import metrics, report
 
 
 def summary(workers: int, rate: float) -> metrics.Summary:

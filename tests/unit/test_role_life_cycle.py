@@ -16,11 +16,10 @@ import pytest
 import yaml
 
 # pytest puts tests/unit on sys.path (no package).
-from roleplay import ANSIBLE, extra, run_playbook
+from roleplay import ANSIBLE, extra, other_plays_off, run_playbook
 
 ROLES = sorted(p.name for p in (ANSIBLE / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
-FLAGS = {f"pyhpc_deploy_{flag}": False
-         for flag in ("nfs", "login", "nvidia", "directory", "munge", "slurm", "containers")}
+FLAGS = other_plays_off()
 
 
 def load(path: Path) -> Any:
@@ -53,6 +52,12 @@ def test_role_declares_and_handles_its_state_and_purge(role: str) -> None:
     main = (base / "tasks" / "main.yml").read_text()
     assert f"{role}_state == 'absent'" in main and (base / "tasks" / "absent.yml").exists()
     assert f"{role}_purge" in (base / "tasks" / "absent.yml").read_text() + main
+
+
+def test_the_role_tests_switch_off_every_play_of_site_yml() -> None:
+    """What this file and the nfs and nvidia tests run on this machine is their own play."""
+    assert set(FLAGS) >= {f"pyhpc_deploy_{role}" for role in ROLES if role != "pyhpc_login"}
+    assert "pyhpc_deploy_login" in FLAGS and not any(FLAGS.values())
 
 
 def test_every_play_reads_the_definition_from_pyhpc_cluster() -> None:

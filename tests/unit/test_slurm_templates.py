@@ -101,6 +101,29 @@ def test_lab_confines_jobs_with_the_cgroup_plugins_of_real_hosts() -> None:
     assert lab == hosts and "ConstrainDevices=yes" in lab and "ConstrainRAMSpace=yes" in lab
 
 
+def test_lab_accounts_jobs_by_cgroup_as_hosts_do() -> None:
+    """jobacct_gather/cgroup gives each job the cpuacct cgroup whose CPU time the job
+    exporter reads; jobacct_gather/linux made none in the lab."""
+    for case in ("lab", "hostlab"):
+        assert "JobAcctGatherType=jobacct_gather/cgroup\n" in render("slurm.conf", context(case))
+
+
+@pytest.mark.parametrize(("changes", "deployed", "runs"), [
+    ({}, True, True),
+    ({"monitoring": {"enabled": False}}, True, False),
+    ({"monitoring": {"job_records": False}}, True, False),
+    ({}, False, False),  # pyhpc_deploy_monitoring false: the role installs no record program
+])
+def test_the_job_end_record_runs_only_where_the_monitoring_role_installs_it(
+        changes: dict[str, Any], deployed: bool, runs: bool) -> None:
+    ctx = context("example")
+    ctx["slurm_cluster"] = cluster.parse({**definition("example"), **changes}, RAM_MB).to_dict()
+    ctx["slurm_jobstats_record"] = deployed
+    lines = [line for line in render("slurm.conf", ctx).splitlines()
+             if line.startswith("EpilogSlurmctld=")]
+    assert lines == (["EpilogSlurmctld=/usr/local/sbin/pyhpc-jobstats-record"] if runs else [])
+
+
 def test_gpu_nodes_use_nvml_or_explicit_files() -> None:
     assert "NodeName=gn1 AutoDetect=nvml Name=gpu Type=h100 Count=4" in render(
         "gres.conf", context("example"))

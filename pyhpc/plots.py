@@ -1,4 +1,5 @@
-"""What every pyhpc plot shares: a row of panels, and a save that never follows a link."""
+"""What every pyhpc plot shares (the scaling, pipeline and cluster reports): a row of
+panels, and a save that never follows a link."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,16 +18,19 @@ def figure(panels: int) -> tuple[Any, Any]:
     return fig, axes[0]
 
 
-def save(fig: Any, path: Path) -> Path:
+def save(fig: Any, path: Path, integer_x: bool = True) -> Path:
     """Write through a temp file renamed over ``path`` (never through a link); a missing
-    parent directory is created, one that cannot be is a one-line FileError."""
+    parent directory is created, one that cannot be is a one-line FileError. ``integer_x``:
+    whole-number ticks on x (workers, nodes); a legend where a panel labels its lines."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     for ax in fig.axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if integer_x:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     fig.tight_layout()
     try:
         if not path.parent.is_dir():  # an existing one (or a link to one) is used as it is

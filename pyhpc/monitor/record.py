@@ -1,0 +1,165 @@
+"""``pyhpc-jobstats-record`` (``python -m pyhpc.monitor.record``): a job's GPU and memory
+summary, stored as JSON when the job ends, so ``pyhpc jobstats`` has it after
+Prometheus has dropped the samples.
+
+slurmctld runs it as its ``EpilogSlurmctld`` (as SlurmUser, with ``SLURM_JOB_ID`` set). It
+asks slurmctld for the job's owner and times (one ``scontrol show job``), Prometheus for
+the figures the job exporter sampled, and writes ``<store>/<raw job id>.json``: written
+atomically, never through a link, mode 0640 (the store's group, slurm), in a store that
+must be SlurmUser's and writable by nobody else (:func:`pyhpc.files.safe_dir`). A POSIX
+ACL entry lets the job's owner, and no other user, read their own record; where the
+filesystem has no ACLs only admins (the group) can, and users get the figures from
+Prometheus while it keeps them. Without a Prometheus nothing is recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pyhpc import files, validate
+from pyhpc.errors import PyhpcError
+from pyhpc.monitor import prometheus
+from pyhpc.slurm import slurm
+
+STORE = Path("/var/lib/pyhpc/jobstats")
+SCHEMA = "pyhpc-jobstats/1"
+MAX_BYTES = 64 << 10
+#: Linux's POSIX ACL xattr (linux/posix_acl_xattr.h): version, then (tag, perm, id) entries.
+ACL_XATTR = "system.posix_acl_access"
+ACL_VERSION = 2
+USER_OBJ, USER, GROUP_OBJ, MASK, OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+NO_ID = 0xFFFFFFFF
+
+
+class RecordError(PyhpcError):
+    """The store is unusable, or a stored record is not one pyhpc wrote."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the store keeps for one job."""
+
+    job_id_raw: str
+    user: str
+    start: float
+    end: float
+    gpu: prometheus.GpuFigures | None
+    host_mem_peak_bytes: int | None
+
+
+def epoch(text: str) -> float | None:
+    """Seconds since the epoch of a Slurm timestamp (``2026-11-25T16:27:43``, local time);
+    None for ``Unknown`` or ``None`` (not started, not ended)."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def path_of(store: Path, job_id_raw: str) -> Path:
+    return store / f"{validate.name('job', job_id_raw, 'job_id', RecordError)}.json"
+
+
+def read(store: Path, job_id_raw: str) -> Record | None:
+    """The stored record of a job, or None where there is none this user can read."""
+    fh, _ = files.try_open_regular(path_of(store, job_id_raw))
+    if fh is None:
+        return None
+    with fh:
+        data: Any = validate.read_json(str(store), fh.read(MAX_BYTES + 1), RecordError)
+    try:
+        g, peak = data["gpu"], data["host_mem_peak_bytes"]
+        gpu = prometheus.GpuFigures(float(g["util_mean"]), float(g["util_peak"]),
+                                    int(g["mem_peak_bytes"]), int(g["gpus"]),
+                                    int(g["used"])) if g is not None else None
+        return Record(str(data["job_id_raw"]), str(data["user"]), float(data["start"]),
+                      float(data["end"]), gpu, int(peak) if peak is not None else None)
+    except (KeyError, TypeError, ValueError):
+        raise RecordError(f"record: {path_of(store, job_id_raw)} is not a pyhpc jobstats "
+                          "record", "record") from None
+
+
+def acl_reader(mode: int, uid: int) -> bytes:
+    """An access ACL equal to ``mode`` plus read for user ``uid`` (mask r)."""
+    entries = [(USER_OBJ, (mode >> 6) & 7, NO_ID), (USER, 4, uid),
+               (GROUP_OBJ, (mode >> 3) & 7, NO_ID), (MASK, 4 | ((mode >> 3) & 7), NO_ID),
+               (OTHER, mode & 7, NO_ID)]
+    return struct.pack("<I", ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def let_read(path: Path, uid: int) -> bool:
+    """Give ``uid`` read access to ``path`` by ACL; False where the filesystem has none."""
+    try:
+        os.setxattr(path, ACL_XATTR, acl_reader(os.stat(path).st_mode & 0o777, uid),
+                    follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False
+        raise RecordError(f"store: cannot give uid {uid} read access to {path} "
+                          f"({exc.strerror})", "store") from None
+    return True
+
+
+def write(store: Path, rec: Record, uid: int | None) -> Path:
+    """Store ``rec`` (0640, atomically, no link followed); its owner may read it."""
+    where = files.safe_dir(store, "store")
+    data = {"schema": SCHEMA, **asdict(rec)}
+    was = files.group_readable()
+    files.set_group_readable(True)  # 0640 for this file only: the process's mode stays
+    try:
+        path = files.write_text(path_of(where, rec.job_id_raw),
+                                json.dumps(validate.json_safe(data), sort_keys=True) + "\n",
+                                "store")
+    finally:
+        files.set_group_readable(was)
+    if uid is not None:
+        let_read(path, uid)
+    return path
+
+
+def from_slurm(job_id: str, base: str) -> tuple[Record, int | None]:
+    """The job's record from slurmctld's view of it and Prometheus' samples."""
+    fields = slurm.show_job(validate.name("job", job_id, "job_id", RecordError))
+    start, end = epoch(fields.get("StartTime", "")), epoch(fields.get("EndTime", ""))
+    owner = fields.get("UserId", "")
+    uid = owner.partition("(")[2].rstrip(")")
+    if not fields.get("JobId") or start is None or end is None:
+        raise RecordError(f"job: slurmctld has no start and end time for {job_id}", "job")
+    raw = fields["JobId"]
+    return Record(raw, owner.partition("(")[0], start, end,
+                  prometheus.gpu_figures(base, raw, start, end),
+                  prometheus.host_memory_peak(base, raw, start, end)), \
+        int(uid) if uid.isdigit() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pyhpc-jobstats-record", description=__doc__)
+    p.add_argument("job", nargs="?", default=os.environ.get("SLURM_JOB_ID"),
+                   help="job id (default: $SLURM_JOB_ID, as EpilogSlurmctld sets it)")
+    p.add_argument("--store", default=str(STORE), help=f"where records go (default {STORE})")
+    p.add_argument("--prometheus", help=f"Prometheus' URL (default: ${prometheus.ENV})")
+    args = p.parse_args(argv)
+    try:
+        if not args.job:
+            raise RecordError("job: none given and $SLURM_JOB_ID is not set", "job")
+        base = prometheus.url(args.prometheus)
+        if base is None:
+            return 0  # nothing to record: the summary comes from accounting alone
+        rec, uid = from_slurm(args.job, base)
+        write(Path(args.store), rec, uid)
+    except PyhpcError as exc:
+        print(f"pyhpc-jobstats-record: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

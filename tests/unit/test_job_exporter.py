@@ -1,0 +1,239 @@
+"""The per-job exporter on faked cgroup trees (v1, the lab's per-node v1, v2), a faked NVML,
+and Slurm faked through pyhpc.slurm's RUNNER: figures from the tree, labels from one
+scontrol call, GPU series only where a driver answers (never invented for stand-ins)."""
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from pyhpc.monitor import cgroups, gpus, job_exporter, serve
+
+DETAILS = (
+    "JobId=41 JobName=a UserId=alice(1000) GroupId=alice(1000) Account=lab QOS=normal "
+    "JobState=RUNNING NodeList=gpu1 NumNodes=1 JOB_GRES=gpu:2   Nodes=gpu1 CPU_IDs=0-1 "
+    "Mem=1024 GRES=gpu:lab:2(IDX:1-2) MinCPUsNode=1\n"
+    "JobId=42 JobName=b UserId=bob(1001) GroupId=bob(1001) Account=ws QOS=normal "
+    "JobState=RUNNING NodeList=cpu[1-2] NumNodes=2   Nodes=cpu[1-2] CPU_IDs=0 Mem=1024 GRES= "
+    "MinCPUsNode=1\n")
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def v1_tree(root: Path, slurm_dir: str = "slurm") -> Path:
+    job = Path(slurm_dir, "uid_1000", "job_41")
+    write(root / "memory" / job / "memory.usage_in_bytes", "1048576\n")
+    write(root / "memory" / job / "memory.max_usage_in_bytes", "4194304\n")
+    write(root / "cpuacct" / job / "cpuacct.usage", "2500000000\n")
+    write(root / "devices" / job / "devices.list", "c 195:255 rwm\nc 195:2 rwm\nc 195:3 rwm\n"
+          "c 1:3 rwm\n")
+    other = Path(slurm_dir, "uid_1001", "job_42")  # no cpuacct: jobacct_gather/linux
+    write(root / "memory" / other / "memory.usage_in_bytes", "100\n")
+    write(root / "memory" / other / "memory.max_usage_in_bytes", "200\n")
+    return root
+
+
+def v2_tree(root: Path, scope: str = "slurmstepd.scope") -> Path:
+    write(root / "cgroup.controllers", "cpu memory\n")
+    job = root / "system.slice" / scope / "job_41"
+    write(job / "cpu.stat", "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    write(job / "memory.current", "1048576\n")
+    write(job / "memory.peak", "4194304\n")
+    write(root / "system.slice" / scope / "job_42" / "memory.current", "100\n")  # no peak
+    return root
+
+
+def test_v1_reads_cpu_seconds_memory_and_peak_and_the_devices_a_job_may_open(tmp_path) -> None:
+    jobs = cgroups.read_jobs("gpu1", v1_tree(tmp_path))
+    assert [(j.node, j.job_id, j.uid) for j in jobs] == [("gpu1", "41", 1000), ("gpu1", "42", 1001)]
+    assert jobs[0].cpu_seconds == 2.5 and jobs[0].memory_bytes == 1 << 20
+    assert jobs[0].memory_peak_bytes == 4 << 20 and jobs[0].gpu_minors == {2, 3}
+    assert jobs[1].cpu_seconds is None and jobs[1].gpu_minors is None  # absent, not 0
+
+
+def test_the_labs_per_node_slurm_directories_name_the_node(tmp_path) -> None:
+    v1_tree(tmp_path, "slurm_gpu7")
+    v1_tree(tmp_path, "slurm_cpu2")
+    nodes = {(j.node, j.job_id) for j in cgroups.read_jobs("vm", tmp_path)}
+    assert nodes == {("gpu7", "41"), ("gpu7", "42"), ("cpu2", "41"), ("cpu2", "42")}
+
+
+def test_v2_reads_usage_usec_memory_current_and_peak(tmp_path) -> None:
+    jobs = cgroups.read_jobs("gpu1", v2_tree(tmp_path))
+    assert cgroups.version(tmp_path) == 2
+    assert [(j.node, j.job_id, j.uid) for j in jobs] == [("gpu1", "41", None), ("gpu1", "42", None)]
+    assert (jobs[0].cpu_seconds, jobs[0].memory_bytes, jobs[0].memory_peak_bytes) == \
+        (2.5, 1 << 20, 4 << 20)
+    assert jobs[1].memory_peak_bytes is None and jobs[1].cpu_seconds is None
+
+
+def test_v2_scopes_of_several_slurmd_name_their_node(tmp_path) -> None:
+    v2_tree(tmp_path, "gpu3_slurmstepd.scope")
+    assert {j.node for j in cgroups.read_jobs("vm", tmp_path)} == {"gpu3"}
+
+
+def test_a_link_planted_in_the_tree_is_not_followed(tmp_path) -> None:
+    v1_tree(tmp_path)
+    target = tmp_path / "secret"
+    target.write_text("999\n")
+    usage = tmp_path / "memory/slurm/uid_1000/job_41/memory.usage_in_bytes"
+    usage.unlink()
+    usage.symlink_to(target)
+    assert cgroups.read_jobs("gpu1", tmp_path)[0].memory_bytes is None
+
+
+@pytest.mark.parametrize("text, minors", [
+    ("c 195:0 rwm\nc 195:255 rwm\nc 195:254 rwm\n", {0}),
+    ("a *:* rwm\n", None), ("c 195:* rwm\n", None), ("c 1:3 rwm\n", set()), (None, None)])
+def test_devices_list_gives_the_gpus_a_job_may_open_or_none_if_unrestricted(text, minors) -> None:
+    assert cgroups.allowed_gpu_minors(text) == (None if minors is None else frozenset(minors))
+
+
+def test_scontrol_details_give_user_account_and_gpu_indices_per_node() -> None:
+    details = gpus.job_details(DETAILS)
+    assert details["41"] == gpus.JobInfo("41", "alice", "lab", {"gpu1": (1, 2)}, {"gpu1": 2})
+    assert details["42"].gpu_index == {"cpu1": (), "cpu2": ()} and details["42"].account == "ws"
+    assert details["42"].cpus == {"cpu1": 1, "cpu2": 1}
+    assert gpus.minors_by_index((1, 2), [7, 4, 5, 6]) == {5, 6}
+
+
+class FakeNvml(types.SimpleNamespace):
+    """pynvml's calls used, over ``gpus``: (minor, utilization %, used, total)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpus_: list[tuple[int, int, int, int]], init_error: bool = False) -> None:
+        super().__init__(gpus=gpus_, init_error=init_error)
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise self.NVMLError("Driver Not Loaded")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int):
+        if self.gpus[i] is None:
+            raise self.NVMLError("GPU is lost")
+        return self.gpus[i]
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(used=h[2], total=h[3])
+
+    def nvmlDeviceGetMinorNumber(self, h) -> int:
+        return h[0]
+
+    def nvmlDeviceGetUUID(self, h) -> bytes:
+        return f"GPU-{h[0]}".encode()
+
+    def nvmlDeviceGetName(self, h) -> str:
+        return "NVIDIA H100"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=h[1])
+
+
+def scrape(collector: job_exporter.JobCollector) -> str:
+    return generate_latest(serve.registry(collector)).decode()
+
+
+@pytest.fixture
+def details(fake_slurm):
+    fake_slurm.answers["scontrol"] = (0, DETAILS)
+    return fake_slurm
+
+
+def test_jobs_are_labelled_from_one_scontrol_call(tmp_path, details) -> None:
+    collector = job_exporter.JobCollector(["gpu1"], v1_tree(tmp_path), tmp_path / "gres.conf",
+                                          gpus.Nvml(FakeNvml([], init_error=True)))
+    text = scrape(collector)
+    assert 'pyhpc_job_cpu_seconds_total{account="lab",jobid="41",node="gpu1",user="alice"} 2.5' in text
+    assert 'pyhpc_job_memory_peak_bytes{account="ws",jobid="42",node="gpu1",user="bob"} 200.0' in text
+    assert 'pyhpc_job_cpu_seconds_total{account="ws"' not in text  # no cpuacct: absent
+    assert [c[0] for c in details.calls] == ["scontrol"]
+    assert 'pyhpc_exporter_scrape_slurm_commands{command="scontrol"} 1.0' in text
+
+
+def test_what_each_job_holds_is_exported_beside_what_it_uses(tmp_path, details) -> None:
+    """CPUs from scontrol's CPU_IDs; GPUs from the device cgroup (41 may open 195:2-3),
+    else from the GRES indices (a v2 host); nothing invented where neither says."""
+    v1 = scrape(job_exporter.JobCollector(["gpu1"], v1_tree(tmp_path / "v1"), tmp_path / "g",
+                                          gpus.Nvml(FakeNvml([], init_error=True))))
+    assert 'pyhpc_job_cpus{account="lab",jobid="41",node="gpu1",user="alice"} 2.0' in v1
+    assert 'pyhpc_job_gpus{account="lab",jobid="41",node="gpu1",user="alice"} 2.0' in v1
+    assert "pyhpc_job_cpus{account=\"ws\"" not in v1  # 42 runs on cpu1-2, not on gpu1
+    v2 = scrape(job_exporter.JobCollector(["cpu1"], v2_tree(tmp_path / "v2"), tmp_path / "g",
+                                          gpus.Nvml(FakeNvml([], init_error=True))))
+    assert 'pyhpc_job_cpus{account="ws",jobid="42",node="cpu1",user="bob"} 1.0' in v2
+    assert 'pyhpc_job_gpus{account="ws",jobid="42",node="cpu1",user="bob"} 0.0' in v2
+
+
+def test_an_idle_host_asks_slurm_nothing(tmp_path, details) -> None:
+    collector = job_exporter.JobCollector(["gpu1"], tmp_path, tmp_path / "gres.conf",
+                                          gpus.Nvml(FakeNvml([], init_error=True)))
+    scrape(collector)
+    assert details.calls == []
+
+
+def test_stand_in_gpus_get_no_invented_figures_only_a_count_of_their_devices(tmp_path,
+                                                                           details) -> None:
+    gres = tmp_path / "gres.conf"
+    gres.write_text(f"NodeName=gpu1 Name=gpu Type=lab File={tmp_path}/dev/nvidia[0-1]\n")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")  # a regular file is no GPU device
+    collector = job_exporter.JobCollector(["gpu1"], v1_tree(tmp_path / "cg"), gres,
+                                          gpus.Nvml(FakeNvml([], init_error=True)))
+    text = scrape(collector)
+    assert not [line for line in text.splitlines() if line.startswith("pyhpc_gpu_")]
+    assert 'pyhpc_node_gpus_seen{node="gpu1",source="devices"} 0.0' in text
+
+
+def test_stand_ins_that_are_nvidia_character_devices_are_counted(tmp_path) -> None:
+    if not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null to point gres.conf at")
+    gres = tmp_path / "gres.conf"
+    gres.write_text("NodeName=gpu[1-2] Name=gpu File=/dev/null\n")
+    # /dev/null is a character device, but with major 1, not NVIDIA's 195.
+    assert job_exporter.stand_ins("gpu2", gres) == 0
+
+
+def test_nvml_figures_are_labelled_with_the_job_holding_each_gpu(tmp_path, details) -> None:
+    nvml = gpus.Nvml(FakeNvml([(0, 0, 0, 80), (1, 97, 70, 80), (2, 3, 10, 80), None]))
+    collector = job_exporter.JobCollector(["gpu1"], v2_tree(tmp_path), tmp_path / "gres.conf",
+                                          nvml)
+    text = scrape(collector)
+    held = 'account="lab",gpu="1",jobid="41",model="NVIDIA H100",node="gpu1",user="alice",uuid="GPU-1"'
+    assert f"pyhpc_gpu_utilization_ratio{{{held}}} 0.97" in text
+    assert f"pyhpc_gpu_memory_used_bytes{{{held}}} 70.0" in text
+    free = 'account="",gpu="0",jobid="",model="NVIDIA H100",node="gpu1",user="",uuid="GPU-0"'
+    assert f"pyhpc_gpu_utilization_ratio{{{free}}} 0.0" in text
+    assert 'pyhpc_node_gpus_seen{node="gpu1",source="nvml"} 3.0' in text  # one lost
+
+
+def test_v1_devices_list_wins_over_the_gres_index(tmp_path, details) -> None:
+    nvml = gpus.Nvml(FakeNvml([(2, 50, 1, 8), (3, 60, 1, 8), (1, 0, 0, 8)]))
+    collector = job_exporter.JobCollector(["gpu1"], v1_tree(tmp_path), tmp_path / "gres.conf",
+                                          nvml)
+    text = scrape(collector)
+    assert 'gpu="3",jobid="41"' in text and 'gpu="2",jobid="41"' in text
+    assert 'gpu="1",jobid=""' in text
+
+
+def test_without_nvidia_ml_py_or_a_driver_nvml_says_why() -> None:
+    assert not gpus.Nvml(FakeNvml([], init_error=True)).ok
+    assert gpus.Nvml(FakeNvml([], init_error=True)).samples() is None
+    assert "Driver Not Loaded" in gpus.Nvml(FakeNvml([], init_error=True)).why
+
+
+def test_local_nodes_come_from_flags_or_the_labs_list(tmp_path) -> None:
+    listed = tmp_path / "lab-nodes"
+    listed.write_text("gpu1\ngpu2\n")
+    assert job_exporter.local_nodes(["cpu1"], str(listed)) == ["cpu1", "gpu1", "gpu2"]
+    assert len(job_exporter.local_nodes([], None)) == 1
