@@ -15,6 +15,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "__main__", "container_run", "jupyter"),  # entry points: the API, python -m names
     ("cli",),
     ("train", "bench", "admin", "containers"),  # the domain
+    ("hub",),  # JupyterHub's side: the form, its checks, the server's script, the hub's API
     ("slurm",),
     ("dist", "cluster"),
     ("cluster_users",),  # the definition's users, accounts and limits
