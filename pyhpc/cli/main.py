@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_cluster_validate)
     cli_jobs.add_commands(sub)
     doc = sub.add_parser("doctor", help="check the running cluster (munge, slurmctld, "
-                         "slurmdbd, nodes, a 2-node job, sacct)")
+                         "slurmdbd, nodes, a 2-node job, sacct, and the hub where it runs)")
     doc.add_argument("--json", action="store_true", help="print the checks as JSON")
     doc.add_argument("--gpus", action="store_true",
                      help="GPU acceptance instead: per GPU node, the GPUs it sees against "
