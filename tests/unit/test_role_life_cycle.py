@@ -20,7 +20,8 @@ from roleplay import ANSIBLE, extra, run_playbook
 
 ROLES = sorted(p.name for p in (ANSIBLE / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 FLAGS = {f"pyhpc_deploy_{flag}": False
-         for flag in ("nfs", "login", "nvidia", "directory", "munge", "slurm", "containers")}
+         for flag in ("nfs", "login", "nvidia", "directory", "munge", "slurm", "containers",
+                      "jupyterhub")}
 
 
 def load(path: Path) -> Any:
