@@ -168,17 +168,18 @@ class FakeHub:
 
 
 @pytest.fixture(autouse=True)
-def fake_hub(monkeypatch, tmp_path: Path) -> FakeHub:
+def fake_hub(monkeypatch, tmp_path_factory: pytest.TempPathFactory) -> FakeHub:
     """No unit test reaches a real hub or makes homes in /home: the hub is a FakeHub with
-    its workshop token in tmp_path, homes go to tmp_path/homes and are handed over to
-    nobody (CHOWN records)."""
+    its workshop token in a directory of its own (not the test's tmp_path), homes go there
+    too and are handed over to nobody (CHOWN records)."""
     fake = FakeHub()
+    base = tmp_path_factory.mktemp("fake-hub")
     monkeypatch.setattr(hub_api, "OPEN", fake)
-    token = tmp_path / "hub-workshop-token"
+    token = base / "hub-workshop-token"
     token.write_text("test-token\n")
     monkeypatch.setattr(hub_api, "WORKSHOP_TOKEN", token)
-    (tmp_path / "homes").mkdir()
-    monkeypatch.setattr(homes, "ROOT", tmp_path / "homes")
+    (base / "homes").mkdir()
+    monkeypatch.setattr(homes, "ROOT", base / "homes")
     fake.chowned = []  # type: ignore[attr-defined]
     monkeypatch.setattr(homes, "CHOWN", lambda path, uid, gid: fake.chowned.append(  # type: ignore[attr-defined]
         (str(path), uid, gid)))
