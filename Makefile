@@ -27,7 +27,7 @@ help: ## Print this help.
 
 venv: $(VENV)/.stamp ## Create the control-node virtualenv (reruns only when requirements change).
 
-$(VENV)/.stamp: requirements/runtime.txt requirements/dev.txt pyproject.toml
+$(VENV)/.stamp: requirements/runtime.txt requirements/dev.txt requirements/hub.txt requirements/singleuser.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements/dev.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | { grep -v "^WARNING: Location" || true; }

@@ -26,8 +26,8 @@ from pyhpc.errors import echo
 from pyhpc.schema import MAX_ITEMS, ConfigError, boolean, check_keys, choice, integer, listing, name, names
 
 __all__ = ["ACCOUNT_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MONITORING_KEYS", "Account",
-           "Cluster", "ConfigError", "Directory", "Limits", "Monitoring", "Node", "Partition",
-           "listing", "load", "parse"]
+           "Cluster", "ConfigError", "Directory", "JupyterHub", "Limits", "Monitoring", "Node",
+           "Partition", "listing", "load", "parse"]
 
 
 MODES = ("lab", "hosts")
@@ -50,6 +50,8 @@ TOP_KEYS = {
                  "base_dn, bind_dn, bind_password_file, ca_file",
     "monitoring": "Prometheus and pyhpc's exporters: enabled, listen, ports, retention, "
                   "alertmanager, scrape_interval, alert_for, job_records",
+    "jupyterhub": "JupyterHub on the first login host (notebook servers as Slurm jobs): "
+                  "enabled, port, idle_timeout_min, hostname, tls_cert, tls_key",
 }
 LAB_KEYS = {"slurmd_base_port": "first port of the emulated slurmd daemons"}
 NODE_KEYS = {
@@ -67,6 +69,16 @@ PARTITION_KEYS = {
     "default": "true for the default partition",
     "max_time": "time limit, Slurm syntax (e.g. 1-00:00:00 or UNLIMITED)",
 }
+HUB_KEYS = {
+    "enabled": "true (the default) runs the hub; false stops a deployed one",
+    "port": "the HTTPS port browsers reach the hub at (default 8000)",
+    "idle_timeout_min": "minutes after which an idle notebook server is stopped (default 60)",
+    "hostname": "the name browsers reach the hub at (the URL on workshop sheets, the generated "
+                "certificate); default: localhost in mode lab, else the login host's name",
+    "tls_cert": "absolute path, on the login host, of the admin's own certificate (PEM, "
+                "with its chain); absent: a CA the deploy generates signs one",
+    "tls_key": "absolute path, on the login host, of that certificate's key",
+}
 #: Bounds of every number in a definition, next to the keys above.
 BOUNDS: dict[str, tuple[int, int]] = {
     "count": (1, 1024),
@@ -74,7 +86,14 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "memory_mb": (1, 64 << 20),  # 64 TiB
     "gpus": (0, 16),
     "slurmd_base_port": (1024, 65535),
+    # Unprivileged: the proxy runs as the hub's own user.
+    "port": (1024, 65535),
+    "idle_timeout_min": (1, 7 * 24 * 60),
 }
+#: Ports the hub keeps for itself on the login host (its API, the proxy's API) and
+#: Slurm's daemons (slurmctld, slurmd, slurmdbd): the hub's public port is none of them.
+HUB_OWN_PORTS = {8081: "the hub's API", 8001: "the proxy's API", 6817: "slurmctld",
+                 6818: "slurmd", 6819: "slurmdbd"}
 #: Nodes in one definition, all groups together.
 MAX_NODES = 4096
 MAX_PORT = 65535
@@ -106,6 +125,18 @@ class Partition:
 
 
 @dataclass(frozen=True)
+class JupyterHub:
+    """The hub on the first login host; every user's notebook server is a Slurm job."""
+
+    enabled: bool = True
+    port: int = 8000
+    idle_timeout_min: int = 60
+    hostname: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     mode: str
@@ -117,6 +148,7 @@ class Cluster:
     directory: Directory | None = None
     tuning: str = "default"
     monitoring: Monitoring = field(default_factory=Monitoring)
+    jupyterhub: JupyterHub | None = None
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -243,6 +275,46 @@ def _partitions(data: Any, node_names: set[str]) -> tuple[Partition, ...]:
     return tuple(parts)
 
 
+def _jupyterhub(data: Any, nodes: tuple[Node, ...], mode: str, accounting: bool,
+                directory: Directory | None) -> JupyterHub | None:
+    """``jupyterhub``: absent (no hub), or its settings; an enabled hub needs the directory
+    (its users log in with their directory password) and accounting (only users with an
+    association may log in)."""
+    if data is None:
+        return None
+    check_keys("jupyterhub", data, HUB_KEYS, ())
+    hub = JupyterHub(
+        enabled=boolean("jupyterhub.enabled", data.get("enabled", True)),
+        port=_int("jupyterhub.port", data.get("port", 8000)),
+        idle_timeout_min=_int("jupyterhub.idle_timeout_min", data.get("idle_timeout_min", 60)),
+        hostname=None if data.get("hostname") is None
+        else name("jupyterhub.hostname", data["hostname"], kind="host"),
+        tls_cert=None if data.get("tls_cert") is None
+        else name("jupyterhub.tls_cert", data["tls_cert"], kind="abspath"),
+        tls_key=None if data.get("tls_key") is None
+        else name("jupyterhub.tls_key", data["tls_key"], kind="abspath"))
+    if (hub.tls_cert is None) != (hub.tls_key is None):
+        missing, given = ("tls_key", "tls_cert") if hub.tls_key is None else ("tls_cert", "tls_key")
+        raise ConfigError(f"jupyterhub.{missing}: required with jupyterhub.{given} (the "
+                          "admin's certificate and its key go together)")
+    taken = dict(HUB_OWN_PORTS)
+    if mode == "lab":
+        taken.update({n.port: f"the lab's slurmd of {n.name}" for n in nodes})
+    if hub.port in taken:
+        raise ConfigError(f"jupyterhub.port: {hub.port} is taken by {taken[hub.port]}; "
+                          f"allowed: {BOUNDS['port'][0]} to {MAX_PORT} but "
+                          f"{listing([str(p) for p in sorted(HUB_OWN_PORTS)])}"
+                          + (" and the lab's slurmd ports" if mode == "lab" else ""))
+    if hub.enabled and directory is None:
+        raise ConfigError("jupyterhub.enabled: the hub needs a directory (its users log in "
+                          "with their directory password); add directory: {} or set "
+                          "jupyterhub.enabled: false")
+    if hub.enabled and not accounting:
+        raise ConfigError("jupyterhub.enabled: the hub needs accounting: true (only users "
+                          "with a Slurm association may log in)")
+    return hub
+
+
 def parse(data: Any, ram_mb: int | None = None) -> Cluster:
     """Validate a loaded YAML document and return the normalised cluster.
 
@@ -258,20 +330,23 @@ def parse(data: Any, ram_mb: int | None = None) -> Cluster:
     if mode == "lab":
         _check_lab_memory(nodes, machine_memory_mb() if ram_mb is None else ram_mb)
     cluster_name = name("name", data["name"], "cluster")
+    accounting = boolean("accounting", data.get("accounting", True))
+    directory = parse_directory(data.get("directory"), cluster_name)
     return Cluster(
         name=cluster_name,
         mode=mode,
-        accounting=boolean("accounting", data.get("accounting", True)),
+        accounting=accounting,
         container_runtime=choice("container_runtime",
                                   data.get("container_runtime", "podman"), RUNTIMES),
         nodes=nodes,
         partitions=_partitions(data["partitions"], {n.name for n in nodes}),
         accounts=parse_accounts(data.get("accounts", []), MAX_ITEMS),
-        directory=parse_directory(data.get("directory"), cluster_name),
+        directory=directory,
         tuning=choice("tuning", data.get("tuning", "default"), TUNINGS),
         monitoring=parse_monitoring(data.get("monitoring"), mode,
                                     range(base_port, base_port + len(nodes)) if mode == "lab"
                                     else range(0)),
+        jupyterhub=_jupyterhub(data.get("jupyterhub"), nodes, mode, accounting, directory),
     )
 
 

@@ -61,12 +61,14 @@ class FakeSlurm:
 
     def __init__(self, json: bool = False) -> None:
         self.calls: list[list[str]] = []
+        self.stdins: list[str | None] = []  # what each call got on stdin (a script to sbatch)
         self.answers: dict[str, Any] = dict(self.DEFAULTS)
         self.json = json
 
     def __call__(self, argv, stdin, timeout_s) -> subprocess.CompletedProcess[str]:
         argv = list(argv)
         self.calls.append(argv)
+        self.stdins.append(stdin)
         answer = self.answers.get(argv[0], (0, ""))
         code, out, *err = answer(argv) if callable(answer) else answer
         return subprocess.CompletedProcess(argv, code, out, err[0] if err else

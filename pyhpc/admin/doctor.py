@@ -7,7 +7,8 @@ container runtime has an image, that image starts on a compute node exactly as t
 cannot start (crun on a hybrid cgroup host, say) shows here, not in a researcher's job. Each check is a
 real command (run through :mod:`pyhpc.slurm.slurm`); a check that needs a failed one is
 skipped and names what it waits for. Jobs run without slurmdbd, so the 2-node job
-needs only the controller and the nodes; only the accounting check needs slurmdbd.
+needs only the controller and the nodes; only the accounting check needs slurmdbd. Where
+the definition runs a hub, its URL must answer JupyterHub's API over verified TLS.
 
 ``pyhpc doctor --gpus`` is the GPU acceptance: per GPU node, one step holding all its GPUs
 runs :mod:`pyhpc.admin.gpucheck`; the GPUs the node sees must be the GPUs Slurm has as GRES, and
@@ -30,6 +31,7 @@ from typing import Any
 from pyhpc import cluster, paths
 from pyhpc.admin import gpucheck, runaway
 from pyhpc.errors import PyhpcError
+from pyhpc.hub import api as hub_api
 from pyhpc.slurm import slurm
 
 #: How long sacct gets to record the doctor's job (accounting is asynchronous).
@@ -61,11 +63,19 @@ class Doctor:
     """Runs the checks in order (every command through pyhpc.slurm)."""
 
     def __init__(self, sacct_wait: float = SACCT_WAIT, runtime: str | None = None,
-                 images: dict[str, Path] | None = None) -> None:
+                 images: dict[str, Path] | None = None,
+                 the_cluster: cluster.Cluster | None = None) -> None:
         self.sacct_wait = sacct_wait
         self.job_id: str | None = None
         self.runtime = runtime
         self.images = IMAGES if images is None else images
+        self._cluster = the_cluster
+
+    @property
+    def cluster(self) -> cluster.Cluster:
+        if self._cluster is None:
+            self._cluster = cluster.load(paths.cluster_file())
+        return self._cluster
 
     def munge(self) -> Check:
         cred, back = slurm.munge_roundtrip()
@@ -129,7 +139,7 @@ class Doctor:
 
     def container(self) -> Check:
         """Start the runtime's image on one compute node, as the container template does."""
-        runtime = self.runtime or cluster.load(paths.cluster_file()).container_runtime
+        runtime = self.runtime or self.cluster.container_runtime
         image = self.images.get(runtime)
         if image is None:
             return Check("container", True, f"{runtime}: tasks start through pyxis's srun "
@@ -151,6 +161,11 @@ class Doctor:
         return Check("container", True, f"{image.name} started on {facts.get('node', '?')}: "
                      f"torch {facts.get('torch', '?')}, python {facts.get('python', '?')}")
 
+    def hub(self) -> Check:
+        """The hub answers through its proxy, over TLS verified as a browser would."""
+        ok, detail = hub_api.health(self.cluster)
+        return Check("hub", ok, detail)
+
     def checks(self) -> list[Check]:
         munge, ctld, dbd, nodes = self.munge(), self.slurmctld(), self.slurmdbd(), self.nodes()
         results = [munge, ctld, dbd, nodes]
@@ -170,6 +185,9 @@ class Doctor:
         missing = [c.name for c in (ctld, dbd) if not c.ok]
         results.append(self.runaway() if not missing else Check(
             runaway.NAME, False, f"skipped: needs {', '.join(missing)}"))
+        hub = self.cluster.jupyterhub
+        if hub is not None and hub.enabled:
+            results.append(self.hub())
         return results
 
     def runaway(self) -> Check:

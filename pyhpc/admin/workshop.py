@@ -1,5 +1,6 @@
 """Workshops: participant accounts, a Slurm account whose QOS holds per-job and per-user
-limits, a reservation for the workshop's window, and the instructor's sheet.
+limits, a reservation for the workshop's window, each new participant's home with the
+workshop's notebooks, and the instructor's sheet (with the hub's URL where there is one).
 
 Run by an admin (root) on the login host. Every step first looks at what exists, so a
 second ``create`` or ``delete`` changes nothing. Everything a workshop creates carries its
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import validate
-from pyhpc.admin import directory, directory_sync, owner
+from pyhpc.admin import directory, directory_sync, homes, owner
 from pyhpc.admin.workshop_sheet import write_sheet
 from pyhpc.cluster import Cluster, Directory
 from pyhpc.errors import PyhpcError, echo
+from pyhpc.hub import api as hub
 from pyhpc.slurm import slurm
 
 MAX_PARTICIPANTS = 99
@@ -239,6 +241,8 @@ def create(p: Plan, the_cluster: Cluster, out: Path) -> dict[str, Any]:
     passwords = {n: secrets.token_urlsafe(9) for n in p.participants}
     added = directory_sync.add_members(d, p.name, p.participants, p.marker, passwords)
     done: dict[str, Any] = {"name": p.name, "users_added": added}
+    if hub_enabled(the_cluster):
+        done["hub_url"] = hub.url(the_cluster)
     if "Slurm QOS" not in found:
         slurm.sacctmgr("add", "qos", f"name={p.name}", *p.qos_limits())
         done["qos_added"] = True
@@ -257,10 +261,31 @@ def create(p: Plan, the_cluster: Cluster, out: Path) -> dict[str, Any]:
         slurm.create_reservation(p.reservation())
         done["reservation_added"] = True
     if added:
-        done["sheet"] = [str(f) for f in write_sheet(p, {n: passwords[n] for n in added}, out)]
+        entries = directory.users(d)
+        files = homes.notebooks()
+        made = [homes.make(n, entries[n].number, entries[n].gid, files) for n in added]
+        done["homes_made"] = [str(h) for h in made if h is not None]
+        done["sheet"] = [str(f) for f in write_sheet(p, {n: passwords[n] for n in added}, out,
+                                                     done.get("hub_url"))]
     done["changed"] = bool(added or missing or any(
         done.get(k) for k in ("qos_added", "account_added", "reservation_added")))
     return done
+
+
+def hub_enabled(the_cluster: Cluster) -> bool:
+    return the_cluster.jupyterhub is not None and the_cluster.jupyterhub.enabled
+
+
+def _forget_in_hub(the_cluster: Cluster, users: list[str], done: dict[str, Any]) -> None:
+    """The hub forgets the participants (their servers' jobs are cancelled by then): a
+    later workshop may give their names again. A hub that does not answer forgets them at
+    its next start (delete_invalid_users); until then their logins fail (no association)."""
+    if not users or not hub_enabled(the_cluster):
+        return
+    try:
+        done["hub_users_deleted"] = hub.forget(users)
+    except PyhpcError as exc:
+        done["hub_unreachable"] = str(exc)
 
 
 def _associated(the_cluster: Cluster, account: str) -> list[str]:
@@ -286,9 +311,10 @@ def delete(name: str, the_cluster: Cluster, homes: bool = False) -> dict[str, An
                             if account else [],
                             "left_alone": [f"{f.kind} {f.name}" for f in found
                                            if f.kind not in mine]}
-    if done["jobs_cancelled"]:
+    if done["jobs_cancelled"]:  # the participants' notebook servers among them
         slurm.cancel(done["jobs_cancelled"])
         _wait_gone(name)
+    _forget_in_hub(the_cluster, sorted(entries), done)
     if "reservation" in mine:
         slurm.delete_reservation(name)
         done["reservation_deleted"] = True

@@ -10,14 +10,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyhpc import files
+from pyhpc.admin.homes import WORKSHOP_DIR
 
 if TYPE_CHECKING:
     from pyhpc.admin.workshop import Plan
 
 
-def sheet_rows(p: Plan, passwords: dict[str, str], host: str) -> list[dict[str, str]]:
+def sheet_rows(p: Plan, passwords: dict[str, str], host: str,
+               hub: str | None = None) -> list[dict[str, str]]:
+    """One row per participant; ``notebooks``: the hub's URL, empty without a hub."""
     return [{"user": n, "password": passwords.get(n, "(unchanged)"), "login": f"ssh {n}@{host}",
-             "reservation": p.name, "start": p.start, "minutes": str(p.minutes)}
+             "notebooks": hub or "", "reservation": p.name, "start": p.start,
+             "minutes": str(p.minutes)}
             for n in p.participants]
 
 
@@ -37,7 +41,10 @@ def page(p: Plan, rows: list[dict[str, str]]) -> str:
     return "".join(
         f"{cut}\nWorkshop {p.name}: your account on cluster {p.cluster}\n\n"
         f"  login:     {r['login']}   (or su - {r['user']})\n  password:  {r['password']}\n"
-        f"  jobs:      srun --reservation={p.name} ... / sbatch --reservation={p.name} ...\n"
+        + (f"  notebooks: {r['notebooks']}  (the same user and password; Start My Server\n"
+           f"             starts yours in the reservation, notebooks in ~/{WORKSHOP_DIR})\n"
+           if r["notebooks"] else "")
+        + f"  jobs:      srun --reservation={p.name} ... / sbatch --reservation={p.name} ...\n"
         f"             or, for every job of your session (pyhpc, the notebooks):\n"
         f"             export SBATCH_RESERVATION={p.name} SLURM_RESERVATION={p.name}\n"
         f"  where:     {where}\n"
@@ -46,9 +53,11 @@ def page(p: Plan, rows: list[dict[str, str]]) -> str:
         for r in rows) + cut + "\n"
 
 
-def write_sheet(p: Plan, passwords: dict[str, str], out: Path) -> list[Path]:
-    """The instructor's sheet, 0600 whatever --group-readable says: CSV and a printable page."""
-    rows = sheet_rows(p, passwords, socket.getfqdn())
+def write_sheet(p: Plan, passwords: dict[str, str], out: Path,
+                hub: str | None = None) -> list[Path]:
+    """The instructor's sheet, 0600 whatever --group-readable says: CSV and a printable page
+    (``hub``: the hub's URL, where the cluster runs one)."""
+    rows = sheet_rows(p, passwords, socket.getfqdn(), hub)
     table = io.StringIO()
     writer = csv.DictWriter(table, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()

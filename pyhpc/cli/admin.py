@@ -43,6 +43,7 @@ def cmd_workshop_create(args: argparse.Namespace) -> int:
     text = (f"workshop {plan.name}: {len(plan.participants)} participants, reservation on "
             f"{plan.nodes} {plan.partition} nodes from {plan.start} for {plan.minutes} min"
             + (f"; sheet: {', '.join(done['sheet'])}" if "sheet" in done else "")
+            + (f"; notebooks: {done['hub_url']}" if "hub_url" in done else "")
             + ("" if done["changed"] else " (unchanged)"))
     _emit(done, args.json, text)
     return 0
@@ -53,7 +54,9 @@ def cmd_workshop_delete(args: argparse.Namespace) -> int:
     left = done["left_alone"]
     _emit(done, args.json, f"workshop {args.name}: "
           + ("deleted" if done["changed"] else "nothing to delete")
-          + (f"; left alone, not this workshop's: {', '.join(left)}" if left else ""))
+          + (f"; left alone, not this workshop's: {', '.join(left)}" if left else "")
+          + (f"; the hub did not forget its participants ({done['hub_unreachable']}): it "
+             "does at its next start" if "hub_unreachable" in done else ""))
     return 0
 
 

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_jobs.add_commands(sub)
     cli_monitor.add_commands(sub)
     doc = sub.add_parser("doctor", help="check the running cluster (munge, slurmctld, "
-                         "slurmdbd, nodes, a 2-node job, sacct, runaway jobs)")
+                         "slurmdbd, nodes, a 2-node job, sacct, runaway jobs, and the hub where it runs)")
     doc.add_argument("--json", action="store_true", help="print the checks as JSON")
     doc.add_argument("--gpus", action="store_true",
                      help="GPU acceptance instead: per GPU node, the GPUs it sees against "

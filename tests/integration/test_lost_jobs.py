@@ -88,7 +88,7 @@ def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
     does ("Purged files for defunct batch JobId=N", ids given again) is real."""
     quiet_queue()
     anchor = sh("sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "anchor",
-                "--time=2", "--wrap", "sleep 25").stdout.strip()
+                "-o", "/dev/null", "--time=2", "--wrap", "sleep 25").stdout.strip()
     # A save after the anchor started: the state put back holds it running (its slurmd
     # runs it), as the state of a real crash would.
     state = state_file()

@@ -16,6 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # python -m names, pyhpc.meter (the public name of train.meter)
     ("cli",),
     ("train", "bench", "admin", "containers", "monitor"),  # the domain
+    ("hub",),  # JupyterHub's side: the form, its checks, the server's script, the hub's API
     ("slurm",),
     ("dist", "cluster"),
     ("cluster_users", "cluster_monitoring"),  # the definition's users, accounts and limits;

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pyhpc import paths
-from pyhpc.admin import directory, directory_sync
+from pyhpc.admin import directory, directory_sync, homes
+from pyhpc.hub import api as hub_api
 
 SLURM_TOOLS = ("sbatch", "srun", "squeue", "sacct", "scancel", "scontrol", "salloc")
 FAKE_TOOL = """#!/bin/bash
@@ -141,3 +142,45 @@ def free_master_port(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))
+
+
+class FakeHub:
+    """The hub's REST API as pyhpc.hub.api reaches it: GET .../hub/api answers JupyterHub's
+    version; DELETE .../users/NAME forgets a user it knows (204) or answers 404."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str | None, object]] = []
+        self.users: set[str] = set()
+        self.up = True
+
+    def __call__(self, request, timeout_s, ca_file) -> tuple[int, bytes]:
+        self.calls.append((request.get_method(), request.full_url,
+                           request.get_header("Authorization"), ca_file))
+        if not self.up:
+            raise OSError("Connection refused")
+        if request.get_method() == "GET":
+            return 200, b'{"version": "5.5.4"}'
+        name = request.full_url.rsplit("/", 1)[1]
+        if name in self.users:
+            self.users.discard(name)
+            return 204, b""
+        return 404, b""
+
+
+@pytest.fixture(autouse=True)
+def fake_hub(monkeypatch, tmp_path_factory: pytest.TempPathFactory) -> FakeHub:
+    """No unit test reaches a real hub or makes homes in /home: the hub is a FakeHub with
+    its workshop token in a directory of its own (not the test's tmp_path), homes go there
+    too and are handed over to nobody (CHOWN records)."""
+    fake = FakeHub()
+    base = tmp_path_factory.mktemp("fake-hub")
+    monkeypatch.setattr(hub_api, "OPEN", fake)
+    token = base / "hub-workshop-token"
+    token.write_text("test-token\n")
+    monkeypatch.setattr(hub_api, "WORKSHOP_TOKEN", token)
+    (base / "homes").mkdir()
+    monkeypatch.setattr(homes, "ROOT", base / "homes")
+    fake.chowned = []  # type: ignore[attr-defined]
+    monkeypatch.setattr(homes, "CHOWN", lambda path, uid, gid: fake.chowned.append(  # type: ignore[attr-defined]
+        (str(path), uid, gid)))
+    return fake

@@ -165,7 +165,8 @@ def test_create_then_create_again_is_a_no_op(state, lab, tmp_path: Path, fake_ld
     csv = tmp_path / "sheet" / "dl.csv"
     assert stat.S_IMODE(os.stat(csv).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "sheet").st_mode) == 0o700
-    assert csv.read_text().splitlines()[0] == "user,password,login,reservation,start,minutes"
+    assert csv.read_text().splitlines()[0] == ("user,password,login,notebooks,reservation,"
+                                               "start,minutes")
     page = (tmp_path / "sheet" / "dl.txt").read_text()
     assert "Workshop dl: your account on cluster lab\n" in page
     assert "only in the reservation dl" in page and "2 jobs running and 10 queued" in page

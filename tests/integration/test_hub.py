@@ -1,0 +1,225 @@
+"""The browser is the door: the lab's JupyterHub (https://localhost:8000/), driven by a real
+headless chromium (tests/integration/browser.py) as a workshop participant would use it.
+
+A participant logs in with the sheet's password, starts a server (the form preselects the
+workshop's reservation), opens notebook 1 in their home, runs all cells and sees its
+accuracy; squeue shows the server as their job in the reservation. A wrong password and a
+directory user without an association are refused; a second participant gets 403 at the
+first's server; the idle culler stops an idle server (a redeploy with a one-minute
+timeout, then the lab's definition again). Screenshots of the form and of the running
+notebook go to docs/ for the README.
+
+NOT YET RUN on the lab: written with the role, before its first deploy.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from browser import chromium, screenshot
+from test_directory import as_user, lab_directory, sh, workshop
+
+from pyhpc import cluster, paths
+from pyhpc.admin import directory, directory_sync
+from pyhpc.hub import api
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
+
+LAB = cluster.load(paths.LAB_CLUSTER)
+WORKSHOP = "hubws"
+DOCS = paths.ROOT / "docs"
+#: A server's job may wait for its node, then JupyterLab starts on two cores.
+SPAWN_S = 420
+#: Notebook 1 trains on the lab's nodes (its own jobs, in the reservation).
+NOTEBOOK_S = 900
+
+
+def url() -> str:
+    if LAB.jupyterhub is None or not LAB.jupyterhub.enabled:
+        pytest.fail("the lab's cluster.yml runs no hub (jupyterhub.enabled)")
+    return api.url(LAB)
+
+
+@pytest.fixture(scope="module")
+def participants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, str]]]:
+    """Two rows of a new workshop's sheet (2 nodes reserved, so a server and the notebook's
+    jobs fit); the workshop is deleted afterwards, which stops their servers."""
+    workshop("delete", WORKSHOP, "--homes", check=False)
+    out = tmp_path_factory.mktemp("sheet") / WORKSHOP
+    workshop("create", WORKSHOP, "--participants", "2", "--start", "now", "--hours", "2",
+             "--nodes", "2", "--out", str(out))
+    with open(out / f"{WORKSHOP}.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert all(r["notebooks"] == url() for r in rows)
+    yield rows
+    done = json.loads(workshop("delete", WORKSHOP, "--homes", "--json", check=False).stdout or "{}")
+    print(f"workshop delete: {done}")
+
+
+def login(driver: Any, user: str, password: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(url() + "hub/login")
+    driver.find_element(By.ID, "username_input").send_keys(user)
+    driver.find_element(By.ID, "password_input").send_keys(password)
+    driver.find_element(By.ID, "login_submit").click()
+
+
+def wait_for(what: str, check: Any, timeout: float, every: float = 2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every)
+    pytest.fail(f"waited {timeout:.0f} s for {what}")
+
+
+def spawn(driver: Any, user: str, shot: Path | None = None) -> None:
+    """The form as the user sees it, submitted as preselected; until JupyterLab is up."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(url() + "hub/spawn")
+    form = driver.find_element(By.ID, "spawn_form")
+    assert Select(form.find_element(By.NAME, "reservation")).first_selected_option \
+        .get_attribute("value") == WORKSHOP
+    assert Select(form.find_element(By.NAME, "account")).first_selected_option \
+        .get_attribute("value") == WORKSHOP
+    if shot:
+        screenshot(driver, shot)
+    form.find_element(By.CSS_SELECTOR, "[type=submit]").click()
+    wait_for(f"{user}'s JupyterLab", lambda: f"/user/{user}/lab" in driver.current_url, SPAWN_S)
+
+
+def server_jobs(user: str) -> list[str]:
+    """The user's hub server jobs: name|reservation|account|qos|state."""
+    return [line for line in sh("squeue", "-h", "-u", user, "-o", "%j|%v|%a|%q|%T").stdout
+            .split() if line.startswith("pyhpc-hub|")]
+
+
+def test_the_hub_answers_over_tls_verified_by_the_generated_ca() -> None:
+    ok, detail = api.health(LAB)
+    assert ok, detail
+    assert detail == f"{url()}: JupyterHub 5.5.4"
+
+
+def test_the_hub_runs_as_its_own_user_with_private_secrets_and_database() -> None:
+    pid = Path("/run/pyhpc-hub.pid").read_text().strip()
+    assert sh("ps", "-o", "user=", "-p", pid).stdout.strip() == "pyhpc-hub"
+    for name in ("cookie-secret", "proxy-token", "workshop-token", "jupyterhub.sqlite"):
+        info = (api.STATE_DIR / name).stat()
+        assert (info.st_mode & 0o777, sh("stat", "-c", "%U", str(api.STATE_DIR / name))
+                .stdout.strip()) == (0o600, "pyhpc-hub"), name
+    log = (paths.ROOT / ".deploy" / "deploy.log").read_text(errors="replace")
+    for name in ("cookie-secret", "proxy-token", "workshop-token"):
+        assert (api.STATE_DIR / name).read_text().strip() not in log
+
+
+def test_the_sudo_rule_is_valid_and_allows_nothing_else() -> None:
+    sh("visudo", "-cf", "/etc/sudoers.d/pyhpc-hub")
+    listed = sh("sudo", "-l", "-U", "pyhpc-hub").stdout
+    assert "/usr/bin/sbatch ^--parsable$" in listed and "(ALL, !root)" in listed
+    refused = sh("runuser", "-u", "pyhpc-hub", "--", "sudo", "-n", "-u", "root", "/usr/bin/squeue",
+                 "-h", "-j", "1", "-o", "%T %B", check=False)
+    assert refused.returncode != 0
+    refused = sh("runuser", "-u", "pyhpc-hub", "--", "sudo", "-n", "-u", "user1", "/usr/bin/scancel",
+                 "-u", "user2", check=False)
+    assert refused.returncode != 0
+
+
+def test_a_wrong_password_is_refused(participants: list[dict[str, str]]) -> None:
+    with chromium(insecure_tls=True) as driver:
+        login(driver, participants[0]["user"], participants[0]["password"] + "x")
+        assert "/hub/login" in driver.current_url
+        assert "Invalid username or password" in driver.page_source
+
+
+def test_a_directory_user_without_an_association_cannot_log_in() -> None:
+    d = lab_directory()
+    name, password = "hubnoassoc1", "correct-horse-battery"
+    directory_sync.add_members(d, "hubnoassoc", [name], "pyhpc: integration test", {name: password})
+    try:
+        assert sh("getent", "passwd", name).returncode == 0
+        with chromium(insecure_tls=True) as driver:
+            login(driver, name, password)
+            assert "/hub/login" in driver.current_url
+            assert f"/user/{name}" not in driver.current_url
+    finally:
+        directory.delete(d, [directory.user_dn(d, name), directory.group_dn(d, "hubnoassoc")])
+
+
+def test_a_participant_starts_a_server_in_the_reservation_and_runs_notebook_1(
+        participants: list[dict[str, str]]) -> None:
+    from selenium.webdriver.common.by import By
+
+    user, password = participants[0]["user"], participants[0]["password"]
+    with chromium(width=1400, height=1000, insecure_tls=True) as driver:
+        login(driver, user, password)
+        spawn(driver, user, DOCS / "hub-spawn-form.png")
+        jobs = server_jobs(user)
+        assert jobs == [f"pyhpc-hub|{WORKSHOP}|{WORKSHOP}|{WORKSHOP}|RUNNING"], jobs
+        # Listening on the node's address only (the lab: the loopback), never on all.
+        uid = sh("id", "-u", user).stdout.strip()
+        mine = [line for line in sh("ss", "-H", "-ltne").stdout.splitlines() if f"uid:{uid} " in line]
+        assert mine and all(line.split()[3].startswith("127.0.0.1:") for line in mine), mine
+        driver.get(url() + f"user/{user}/lab/tree/workshop/01-hello-cluster.ipynb")
+        wait_for("the notebook", lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Notebook"), 120)
+        time.sleep(5)  # the kernel starts
+        driver.find_element(By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') and text()='Run']"
+                            ).click()
+        driver.find_element(By.CSS_SELECTOR, "li[data-command='notebook:run-all-cells']").click()
+        wait_for("notebook 1's accuracy", lambda: "test accuracy" in " ".join(
+            e.text for e in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output")),
+            NOTEBOOK_S, every=10)
+        screenshot(driver, DOCS / "hub-notebook.png")
+    # The notebook's own jobs went where the server went: the reservation.
+    jobs = as_user(user, "sacct -X -n -P -o JobName,Reservation -S now-1hour").stdout.split()
+    assert jobs and all(j.endswith(f"|{WORKSHOP}") for j in jobs), jobs
+
+
+def test_a_second_participant_gets_403_at_the_first_ones_server(
+        participants: list[dict[str, str]]) -> None:
+    first, second = participants[0]["user"], participants[1]
+    assert server_jobs(first), "the first participant's server is not running (test order)"
+    with chromium(insecure_tls=True) as driver:
+        login(driver, second["user"], second["password"])
+        driver.get(url() + f"user/{first}/lab")
+        wait_for("the refusal", lambda: "403" in driver.page_source, 60)
+        assert f"/user/{first}/lab" not in driver.current_url or "403" in driver.title + \
+            driver.page_source
+
+
+@pytest.fixture
+def short_timeout(tmp_path: Path) -> Iterator[None]:
+    """The lab redeployed with a one-minute idle timeout, then with its own definition."""
+    data = yaml.safe_load(paths.LAB_CLUSTER.read_text())
+    data["jupyterhub"] = {**(data.get("jupyterhub") or {}), "idle_timeout_min": 1}
+    short = tmp_path / "cluster.yml"
+    short.write_text(yaml.safe_dump(data))
+    make = ["make", "-C", str(paths.ROOT), "deploy"]
+    subprocess.run([*make, f"CLUSTER={short}"], check=True, timeout=1800)
+    try:
+        yield
+    finally:
+        subprocess.run(make, check=True, timeout=1800)
+
+
+def test_the_culler_stops_an_idle_server(participants: list[dict[str, str]],
+                                         short_timeout: None) -> None:
+    user, password = participants[1]["user"], participants[1]["password"]
+    with chromium(insecure_tls=True) as driver:
+        login(driver, user, password)
+        spawn(driver, user)
+    assert server_jobs(user)
+    wait_for("the culler", lambda: not server_jobs(user), 6 * 60, every=10)
+    log = (Path("/var/log/pyhpc-hub/hub.log")).read_text(errors="replace")
+    assert re.search(rf"Culling server {re.escape(user)}\b|{re.escape(user)}.*inactive", log)

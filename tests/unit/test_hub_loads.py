@@ -1,0 +1,123 @@
+"""The rendered jupyterhub_config.py loads in JupyterHub itself, and pyhpc's spawner and
+authenticator work inside it: the form from faked Slurm, a bad spawn refused before
+sbatch, a good one submitted as the user with the golden script, batchspawner's callback
+narrowed to a port. Needs jupyterhub and batchspawner (requirements/hub.txt): in the
+hub's virtualenv, or any with them; skipped where they are not installed."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("jupyterhub", reason="jupyterhub is not installed here (requirements/hub.txt)")
+pytest.importorskip("batchspawner", reason="batchspawner is not installed here "
+                    "(requirements/hub.txt)")
+
+from test_hub_form import COMMAND, ENV, SLURM, submitted  # noqa: E402
+from test_hub_form import slurm_as as slurm_as  # noqa: E402,F401  (the fixture)
+from test_hub_role import render  # noqa: E402
+
+from pyhpc import paths  # noqa: E402
+from pyhpc.hub import script  # noqa: E402
+from pyhpc.hub.options import HubError  # noqa: E402
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    for name in ("cookie-secret", "proxy-token", "workshop-token"):
+        (tmp_path / name).write_text("ab" * 32 + "\n")
+        (tmp_path / name).chmod(0o600)
+    path = tmp_path / "jupyterhub_config.py"
+    path.write_text(render("lab", "jupyterhub_config.py", jupyterhub_state_dir=str(tmp_path)))
+    return path
+
+
+@pytest.fixture
+def hub(config: Path):
+    from jupyterhub.app import JupyterHub
+
+    app = JupyterHub()
+    app.load_config_file(str(config))
+    return app
+
+
+def test_the_config_loads_with_pyhpcs_classes_and_no_allow_all(hub) -> None:
+    from pyhpc.hub.auth import PyhpcAuthenticator
+    from pyhpc.hub.spawner import PyhpcSlurmSpawner
+
+    cfg = hub.config
+    assert cfg.JupyterHub.spawner_class is PyhpcSlurmSpawner
+    assert cfg.JupyterHub.authenticator_class is PyhpcAuthenticator
+    assert cfg.JupyterHub.bind_url == "https://127.0.0.1:8000/"
+    assert cfg.Authenticator.allow_all is False and cfg.Authenticator.admin_users == set()
+    assert cfg.ConfigurableHTTPProxy.auth_token == "ab" * 32
+    assert [s["name"] for s in cfg.JupyterHub.services] == ["idle-culler", "pyhpc-workshop"]
+    culler = cfg.JupyterHub.services[0]["command"]
+    assert culler[1:3] == ["-m", "jupyterhub_idle_culler"] and "--timeout=3600" in culler
+    authenticator = PyhpcAuthenticator(config=cfg)
+    assert authenticator.service == "pyhpc-hub" and authenticator.open_sessions is False
+    assert authenticator.local_users == ["root"]
+
+
+def test_batchspawners_callback_takes_only_a_port() -> None:
+    from jupyterhub.apihandlers import default_handlers
+
+    from pyhpc.hub import spawner
+
+    routes = {entry[0]: entry[1] for entry in default_handlers}
+    assert routes[spawner.CALLBACK] is spawner.PortHandler
+    assert spawner.port_of({"port": 40123}) == 40123
+    for body in ({"port": 22}, {"port": "40123"}, {"port": True},
+                 {"port": 40123, "exec_prefix": "sh -c id"}, {"batch_submit_cmd": "id"}, []):
+        assert spawner.port_of(body) is None, body
+
+
+def make_spawner(hub, user: str):
+    from jupyterhub.objects import Hub
+
+    from pyhpc.hub.spawner import PyhpcSlurmSpawner
+
+    owner = SimpleNamespace(name=user, escaped_name=user, url=f"/user/{user}/", spawners={},
+                            server=None)
+    return PyhpcSlurmSpawner(user=owner, hub=Hub(), config=hub.config,
+                             cluster_file=str(paths.LAB_CLUSTER))
+
+
+def test_the_spawner_renders_the_form_from_slurm_as_the_user(hub, slurm_as, golden) -> None:
+    spawner = make_spawner(hub, "ws-01")
+    golden.check("hub/form-ws-01.html", asyncio.run(spawner.get_options_form()))
+    assert spawner.env_keep == []
+
+
+def test_a_bad_form_is_one_line_and_nothing_is_submitted(hub, slurm_as) -> None:
+    spawner = make_spawner(hub, "ws-01")
+    with pytest.raises(HubError, match=r"^account: 'lab' is not yours; yours: ws$"):
+        asyncio.run(spawner.run_options_from_form({"account": ["lab"], "time": ["01:00:00"]}))
+    assert submitted(slurm_as) == []
+
+
+def test_a_spawn_submits_the_golden_script_as_the_user(hub, slurm_as, monkeypatch,
+                                                       golden) -> None:
+    spawner = make_spawner(hub, "ws-01")
+    options = asyncio.run(spawner.run_options_from_form({"time": ["02:00:00"]}))
+    assert options == {"partition": "cpu", "nodes": 1, "gpus_per_node": 0, "time": "02:00:00",
+                       "account": "ws", "qos": "ws", "reservation": "ws"}
+    spawner.user_options = options
+    monkeypatch.setattr(script, "home_of", lambda user: f"/home/{user}")
+    monkeypatch.setattr(spawner, "get_env", lambda: dict(ENV))
+    assert asyncio.run(spawner.submit_batch_script()) == "4242"
+    (call,) = submitted(slurm_as)
+    assert call == ["/usr/bin/sudo", "-n", "-u", "ws-01", "/usr/bin/sbatch", "--parsable"]
+    text = next(s for c, s in zip(slurm_as.calls, slurm_as.stdins, strict=True) if c == call)
+    golden.check("hub/server-ws-01.sbatch", text)
+    assert f"exec {' '.join(COMMAND)}\n" in text
+
+
+def test_a_spawn_through_the_api_is_checked_too(hub, slurm_as) -> None:
+    spawner = make_spawner(hub, "user2")
+    spawner.user_options = {"account": "ws", "reservation": "ws"}
+    with pytest.raises(HubError, match=r"^account: 'ws' is not yours; yours: lab, teaching$"):
+        asyncio.run(spawner.submit_batch_script())
+    assert submitted(slurm_as) == [] and "user2" in SLURM

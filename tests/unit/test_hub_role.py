@@ -1,0 +1,219 @@
+"""The jupyterhub role's files, rendered as the role renders them (plain Jinja2 in the
+template module's settings, the role's defaults and vars resolved from the normalised
+definition) to golden files: jupyterhub_config.py, the sudo rule, the PAM service and
+the init script. The sudo rule is matched against every command pyhpc.slurm.as_user
+builds, and checked by sudo's own tools where they are installed."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+from jinja2.nativetypes import NativeEnvironment
+
+from pyhpc import cluster, paths
+from pyhpc.hub import api
+from pyhpc.slurm import as_user
+
+ROLE = paths.ROOT / "ansible" / "roles" / "jupyterhub"
+TEMPLATES = {"jupyterhub_config.py": "etc/pyhpc/hub/jupyterhub_config.py.j2",
+             "sudoers": "etc/sudoers.d/pyhpc-hub.j2", "pam": "etc/pam.d/pyhpc-hub.j2",
+             "init": "etc/init.d/pyhpc-hub.j2"}
+#: Golden case -> inventory, the jupyterhub section, host facts.
+CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "lab": ("lab", {}, {"inventory_hostname": "localhost", "fqdn": "labhost.example"}),
+    "example": ("example", {"hostname": "hub.example.org", "port": 443 + 8000,
+                            "idle_timeout_min": 20, "tls_cert": "/etc/ssl/hub/fullchain.pem",
+                            "tls_key": "/etc/ssl/hub/key.pem"},
+                {"inventory_hostname": "login1", "fqdn": "login1.example.org"}),
+}
+
+
+def definition(case: str) -> cluster.Cluster:
+    inventory, hub, _ = CASES[case]
+    data = yaml.safe_load((paths.ROOT / "ansible" / "inventories" / inventory / "cluster.yml")
+                          .read_text())
+    data.setdefault("directory", {})
+    return cluster.parse({**data, "jupyterhub": hub}, 24 * 1024)
+
+
+def context(case: str, **extra: Any) -> dict[str, Any]:
+    """The role's defaults and vars, resolved as Ansible would for the hub's host."""
+    facts = CASES[case][2]
+    env = NativeEnvironment()
+    env.filters["to_json"] = json.dumps
+    ctx: dict[str, Any] = {
+        "inventory_hostname": facts["inventory_hostname"], "ansible_managed": "Ansible managed",
+        "groups": {"login": [facts["inventory_hostname"]]}, "ansible_facts": {"fqdn": facts["fqdn"]},
+        "jupyterhub_cluster": json.loads(json.dumps(definition(case).to_dict()))}
+    raw = {**yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()),
+           **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()), **extra}
+    raw.pop("jupyterhub_cluster")
+    for _ in range(6):  # until every value that names another is resolved
+        ctx.update({k: resolve(env, v, ctx) for k, v in raw.items()})
+    return ctx
+
+
+def resolve(env: NativeEnvironment, value: Any, ctx: dict[str, Any]) -> Any:
+    if isinstance(value, str) and "{{" in value:
+        try:
+            return env.from_string(value.strip()).render(ctx)
+        except jinja2.UndefinedError:
+            return value
+    if isinstance(value, list):
+        return [resolve(env, v, ctx) for v in value]
+    if isinstance(value, dict):
+        return {k: resolve(env, v, ctx) for k, v in value.items()}
+    return value
+
+
+def render(case: str, name: str, **extra: Any) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROLE / "templates"), trim_blocks=True,
+                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    return env.get_template(TEMPLATES[name]).render(context(case, **extra))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_the_roles_files_are_golden(case: str, name: str, golden) -> None:
+    golden.check(f"hub/{case}/{name}", render(case, name))
+
+
+def test_the_lab_hub_listens_on_the_loopback_and_the_example_everywhere() -> None:
+    lab, example = context("lab"), context("example")
+    assert (lab["jupyterhub_bind_ip"], lab["jupyterhub_connect_host"]) == ("127.0.0.1", "127.0.0.1")
+    assert (example["jupyterhub_bind_ip"], example["jupyterhub_connect_host"]) == ("", "login1")
+    assert lab["jupyterhub_tls_names"] == ["localhost", "labhost.example", "127.0.0.1"]
+    assert example["jupyterhub_generated_tls"] is False and lab["jupyterhub_generated_tls"] is True
+    assert lab["jupyterhub_cull_every_s"] == 300 and example["jupyterhub_cull_every_s"] == 300
+
+
+def test_the_role_and_pyhpc_agree_on_paths_and_ports() -> None:
+    ctx = context("lab")
+    assert Path(ctx["jupyterhub_state_dir"]) == api.STATE_DIR
+    assert Path(ctx["jupyterhub_ca_cert"]) == api.CA_FILE
+    # (the unit tests' fake_hub points api.WORKSHOP_TOKEN elsewhere: read its definition)
+    assert 'WORKSHOP_TOKEN = STATE_DIR / "workshop-token"' in Path(api.__file__).read_text()
+    assert "workshop-token" in [s["name"] for s in ctx["jupyterhub_secrets"]]
+    config = render("lab", "jupyterhub_config.py")
+    assert '"http://127.0.0.1:8081"' in config and api.LOCAL_API.startswith("http://127.0.0.1:8081/")
+    assert set(cluster.HUB_OWN_PORTS) >= {8081, 8001} and '"http://127.0.0.1:8001"' in config
+
+
+def test_no_secret_is_in_the_configuration() -> None:
+    config = render("lab", "jupyterhub_config.py")
+    assert 'secret("proxy-token")' in config and 'secret("workshop-token")' in config
+    assert "cookie_secret_file" in config and "token\": \"" not in config
+
+
+def test_the_pins_of_the_hub_and_the_servers_are_one() -> None:
+    hub = (paths.ROOT / "requirements" / "hub.txt").read_text().splitlines()
+    single = (paths.ROOT / "requirements" / "singleuser.txt").read_text()
+    assert "-r singleuser.txt" in hub and "jupyterhub==5.5.4" in single
+    assert all("==" in line for line in hub + single.splitlines()
+               if line.strip() and not line.startswith(("#", "-r")))
+    assert "jupyterhub" not in (paths.ROOT / "requirements" / "runtime.txt").read_text()
+
+
+# -- the sudo rule ------------------------------------------------------------------------
+
+def rules(text: str) -> dict[str, str]:
+    """The rule's commands: path -> the regular expression its arguments must match."""
+    body = text.split("Cmnd_Alias PYHPC_HUB_SLURM =", 1)[1].split("\npyhpc-hub ", 1)[0]
+    found = {}
+    for item in body.replace("\\\n", " ").split(","):
+        command, regex = item.split(None, 1)
+        found[command] = regex.strip()
+    return found
+
+
+def hub_commands(fake_slurm) -> list[list[str]]:
+    """Every command the hub runs as a user, built by pyhpc.slurm.as_user itself."""
+    fake_slurm.answers[as_user.SUDO] = lambda argv: (
+        0, "4242\n" if "sbatch" in argv[4] else "", "")
+    as_user.submit("ws-01", "#!/bin/bash\n")
+    as_user.query("ws-01", "4242")
+    as_user.cancel("ws-01", "4242")
+    as_user.associations("ws-01")
+    as_user.reservations("ws-01")
+    return fake_slurm.calls
+
+
+def allowed(text: str, argv: list[str]) -> bool:
+    """sudoers' own rule for a regular expression: the arguments joined by one space,
+    matched whole; the command by its full path."""
+    import re
+
+    regex = rules(text).get(argv[0])
+    return regex is not None and re.fullmatch(regex.strip("^$"), " ".join(argv[1:])) is not None
+
+
+def test_the_sudo_rule_allows_exactly_the_hubs_commands(fake_slurm) -> None:
+    text = render("lab", "sudoers")
+    calls = hub_commands(fake_slurm)
+    assert {c[4] for c in calls} == set(rules(text)) and len(calls) == 5
+    for call in calls:
+        assert call[:4] == ["/usr/bin/sudo", "-n", "-u", "ws-01"] and allowed(text, call[4:]), call
+    for other in (["/usr/bin/sbatch", "--parsable", "--uid=0"], ["/usr/bin/sbatch"],
+                  ["/usr/bin/scancel", "4242", "--user=user2"], ["/usr/bin/scancel", "-u", "user2"],
+                  ["/usr/bin/squeue", "-h", "-j", "1", "-o", "%T %B", "-u", "x"],
+                  ["/usr/bin/sacctmgr", "-i", "delete", "user", "x"],
+                  ["/usr/bin/scontrol", "update", "NodeName=cpu1", "State=DOWN"],
+                  ["/usr/bin/srun", "id"], ["/bin/sh", "-c", "id"]):
+        assert not allowed(text, other), other
+
+
+def test_the_sudo_rule_runs_as_no_local_user_and_keeps_no_environment() -> None:
+    text = render("lab", "sudoers")
+    assert "Runas_Alias PYHPC_HUB_USERS = ALL, !root\n" in text
+    assert "env_reset" in text and "SETENV" not in text and "env_keep" not in text
+    assert "pyhpc-hub ALL = (PYHPC_HUB_USERS) NOPASSWD: PYHPC_HUB_SLURM" in text
+
+
+def sudo_tool(name: str) -> str:
+    """visudo from Debian's sudo, or a sudo build's tool named by $PYHPC_SUDO_BUILD (Debian's
+    package ships no testsudoers)."""
+    build = os.environ.get("PYHPC_SUDO_BUILD")
+    found = (str(Path(build) / "plugins" / "sudoers" / name) if build
+             else shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None))
+    if not found or not Path(found).exists():
+        pytest.skip(f"{name} is not installed (Debian's sudo has visudo; testsudoers comes "
+                    "from a build of sudo's source: PYHPC_SUDO_BUILD=DIR)")
+    return found
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_visudo_accepts_the_sudo_rule(case: str, tmp_path: Path) -> None:
+    path = tmp_path / "pyhpc-hub"
+    path.write_text(render(case, "sudoers"))
+    proc = subprocess.run([sudo_tool("visudo"), "-cf", str(path)], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_sudos_own_matcher_agrees(tmp_path: Path, fake_slurm) -> None:
+    tool = sudo_tool("testsudoers")
+    (tmp_path / "passwd").write_text("root:x:0:0::/root:/bin/bash\n"
+                                     "pyhpc-hub:x:990:990::/var/lib/pyhpc-hub:/usr/sbin/nologin\n"
+                                     "ws-01:x:20001:20001::/home/ws-01:/bin/bash\n")
+    (tmp_path / "group").write_text("root:x:0:\npyhpc-hub:x:990:\nws-01:x:20001:\n")
+    text = render("lab", "sudoers")
+
+    def verdict(runas: str, argv: list[str]) -> str:
+        proc = subprocess.run([tool, "-p", str(tmp_path / "passwd"), "-P", str(tmp_path / "group"),
+                               "-u", runas, "pyhpc-hub", *argv], input=text, capture_output=True,
+                              text=True, check=False)
+        return proc.stdout.strip().splitlines()[-1]
+
+    for call in hub_commands(fake_slurm):
+        assert verdict("ws-01", call[4:]) == "Command allowed", call
+        assert verdict("root", call[4:]) != "Command allowed", call
+    assert verdict("ws-01", ["/usr/bin/scancel", "4242", "--user=root"]) == "Command unmatched"
+    assert verdict("ws-01", ["/usr/bin/sbatch", "--parsable", "--wrap=id"]) == "Command unmatched"
