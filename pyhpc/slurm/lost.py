@@ -117,8 +117,10 @@ def is_ours(row: JobRow, record: JobRow | None) -> bool:
 def judge(candidates: Mapping[Key, JobRow]) -> dict[Key, Lost]:
     """Of runs that meet (a) and (b), the LOST ones: (c) and (d), one Slurm call each,
     made only when needed. A record without a submit time is never LOST."""
+    # REQUEUED here is the newest run (incarnation moves past one a later run follows): a
+    # job slurmctld lost between its requeue and its next run (seen in make bench-crash).
     waiting = {k: r for k, r in candidates.items()
-               if r.state in (*OPEN, UNRECORDED) and r.submit > 0}
+               if r.state in (*OPEN, "REQUEUED", UNRECORDED) and r.submit > 0}
     if not waiting:
         return {}
     try:

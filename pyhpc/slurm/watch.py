@@ -175,7 +175,8 @@ class Tracker:
         record of, if any: a job in neither is LOST if pyhpc noted submitting it, else
         NOT_FOUND (a job just submitted is in squeue before accounting has it)."""
         records = self._records(self.ids, quiet=False)
-        open_ = {k: r for k, r in records.items() if r.state in lost.OPEN and r.submit}
+        open_ = {k: r for k, r in records.items()
+                 if r.state in (*lost.OPEN, "REQUEUED") and r.submit}
         missing = {_key(j) for j in self.ids if not any(k[0] == _key(j)[0] for k in records)}
         ask = sorted({k[0] for k in open_} | {k[0] for k in missing})
         live = slurm.queue(ask) if ask else []

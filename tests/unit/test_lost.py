@@ -155,6 +155,22 @@ def test_status_of_a_noted_job_no_one_knows_is_lost_and_of_an_unnoted_one_not_fo
     assert ctld.calls[[c[0] for c in ctld.calls].index("squeue")][-1] == "42,43"
 
 
+def test_a_job_lost_after_its_requeue_and_before_its_next_run_is_lost(ctld) -> None:
+    """Its newest record is the requeued run: no later run follows it (make bench-crash)."""
+    ctld.answers["squeue"] = (0, "")
+    ctld.answers["sacct"] = (0, f"42|REQUEUED|None|{BEFORE}\n")
+    states, failure = watch.inspect(["42"])
+    assert states == {"42": "LOST"} and failure is not None
+
+
+def test_a_requeued_job_slurmctld_still_knows_is_not_lost(ctld) -> None:
+    """Its next run's record has not reached accounting yet; slurmctld has it pending."""
+    ctld.answers["squeue"] = (0, f"42|PENDING|BeginTime|{AFTER}\n")
+    ctld.answers["sacct"] = (0, f"42|REQUEUED|None|{BEFORE}\n")
+    states, failure = watch.inspect(["42"])
+    assert states == {"42": "REQUEUED"} and failure is None
+
+
 def test_sacct_unreachable_is_never_lost_and_the_watch_still_ends(ctld) -> None:
     in_turn(ctld, "squeue", [[f"42|RUNNING|None|{BEFORE}"], [], []])
     ctld.answers["sacct"] = (1, "", "sacct: error: Problem talking to the database")
