@@ -47,6 +47,10 @@ SOURCES = ("sacct", "squeue")
 INTERVAL_BOUNDS = (0.1, 3600.0)
 #: --timeout of a wait, in seconds: 0 (one look) to 30 days.
 TIMEOUT_BOUNDS = (0.0, 30 * 86400.0)
+#: The reason of a job slurmctld saved pending that its node had started when slurmctld
+#: died: after the restart it is requeued and held until someone releases it (seen in
+#: make bench-crash), so a watch would wait for it for ever.
+HELD_AFTER_RESTART = "launch_failed_requeued_held"
 #: Polls in a row a job or task left squeue unfinished and sacct does not know it: then FINISHED.
 ABSENT_POLLS = 2
 #: A job or array task in the tracker: (job id, task id, or None for a plain job).
@@ -285,7 +289,8 @@ class Tracker:
         out: dict[str, str] = {}
         for r in self.tasks.values():
             word = re.match(r"\w*", r.reason)
-            if r.state == "PENDING" and word and word.group() in slurm.NEVER_STARTS:
+            held = r.reason.replace(" ", "_").lower().startswith(HELD_AFTER_RESTART)
+            if r.state == "PENDING" and (held or word and word.group() in slurm.NEVER_STARTS):
                 task = f"_{r.task}" if r.task and "#" not in r.task else ""
                 out[f"{r.job_id}{task}"] = r.reason
         return out
@@ -353,6 +358,11 @@ def watch(ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None =
         stuck = tracker.never_starts()
         if stuck:
             job, reason = next(iter(sorted(stuck.items())))
+            if reason.replace(" ", "_").lower().startswith(HELD_AFTER_RESTART):
+                raise WatchError(f"job: {job} is held by Slurm ({reason}): slurmctld restarted "
+                                 "while it started, and holds it until someone releases it; an "
+                                 f"admin runs scontrol release {job.split('_')[0]}, or pyhpc "
+                                 f"cancel {job.split('_')[0]}", "job")
             raise WatchError(f"job: {job} can never start ({reason}); change the request, "
                              f"or pyhpc cancel {job.split('_')[0]}", "job")
         if timeout_s is not None and time.monotonic() - start > timeout_s:

@@ -171,6 +171,16 @@ def test_a_requeued_job_slurmctld_still_knows_is_not_lost(ctld) -> None:
     assert states == {"42": "REQUEUED"} and failure is None
 
 
+def test_a_job_slurm_held_after_the_restart_ends_the_watch_in_one_line(ctld) -> None:
+    """Saved pending, started by its node before the crash: requeued and held at the restart."""
+    ctld.answers["squeue"] = (0, f"42|PENDING|launch failed requeued held|{BEFORE}\n")
+    with pytest.raises(watch.WatchError) as exc:
+        watch.watch(["42"], interval_s=0, quiet=True)
+    assert str(exc.value) == ("job: 42 is held by Slurm (launch failed requeued held): slurmctld "
+                              "restarted while it started, and holds it until someone releases "
+                              "it; an admin runs scontrol release 42, or pyhpc cancel 42")
+
+
 def test_sacct_unreachable_is_never_lost_and_the_watch_still_ends(ctld) -> None:
     in_turn(ctld, "squeue", [[f"42|RUNNING|None|{BEFORE}"], [], []])
     ctld.answers["sacct"] = (1, "", "sacct: error: Problem talking to the database")
