@@ -96,7 +96,11 @@ def spawn(driver: Any, user: str, shot: Path | None = None) -> None:
         .get_attribute("value") == WORKSHOP
     if shot:
         screenshot(driver, shot)
-    form.find_element(By.CSS_SELECTOR, "[type=submit]").click()
+    button = form.find_element(By.CSS_SELECTOR, "[type=submit]")
+    # The button's own click event (it submits the form, as a user's click does): selenium's
+    # pointer click was intercepted at the bottom edge of the headless window.
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'}); arguments[0].click();",
+                          button)
     wait_for(f"{user}'s JupyterLab", lambda: f"/user/{user}/lab" in driver.current_url, SPAWN_S)
 
 
@@ -174,9 +178,19 @@ def test_a_participant_starts_a_server_in_the_reservation_and_runs_notebook_1(
         driver.get(url() + f"user/{user}/lab/tree/workshop/01-hello-cluster.ipynb")
         wait_for("the notebook", lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Notebook"), 120)
         time.sleep(5)  # the kernel starts
-        driver.find_element(By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') and text()='Run']"
-                            ).click()
-        driver.find_element(By.CSS_SELECTOR, "li[data-command='notebook:run-all-cells']").click()
+        # By its label: the item's command id differs between JupyterLab releases.
+        run_all = ("//li[contains(@class,'lm-Menu-item')]//div[contains(@class,'lm-Menu-itemLabel')"
+                   " and text()='Run All Cells']")
+
+        def menu() -> list[Any]:  # the Run menu, opened (again) until its item shows
+            if not driver.find_elements(By.XPATH, run_all):
+                driver.find_element(By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') "
+                                    "and text()='Run']").click()
+                time.sleep(1)
+            return driver.find_elements(By.XPATH, run_all)
+
+        wait_for("the Run menu", menu, 60, every=2)
+        driver.find_element(By.XPATH, run_all).click()
         wait_for("notebook 1's accuracy", lambda: "test accuracy" in " ".join(
             e.text for e in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output")),
             NOTEBOOK_S, every=10)
