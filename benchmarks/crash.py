@@ -24,6 +24,7 @@ import re
 import shlex
 import subprocess
 import time
+from collections import Counter
 from typing import Any
 
 from benchmarks import record
@@ -93,28 +94,51 @@ def quiet(target: Target) -> None:
 def burst(target: Target, jobs: int) -> list[str]:
     # baseline: plain sbatch, as any user's burst; pyhpc's submissions go the same way.
     out = target.sh(f"for i in $(seq {jobs}); do sbatch --parsable -J crash --time=2 "
-                    "--wrap 'sleep 1'; done")
+                    "-o /dev/null --wrap 'sleep 1'; done")
     return [line.split(";")[0] for line in out.split()]
 
 
 def settle(target: Target, ids: list[str]) -> dict[str, str]:
     """Each job's state once nothing of ours is queued and slurmctld has sent accounting
     everything (sdiag's DBD agent queue empty): COMPLETED, or the open record of a job
-    slurmctld forgot."""
+    slurmctld forgot; ``held``: the jobs Slurm held after the restart (released here);
+    ``drained``: nodes it drained for a duplicate job id (resumed here)."""
+    states: dict[str, str] = {}
     deadline = time.monotonic() + 300
-    while target.sh(f"squeue -h -o %i -j {','.join(ids)}", check=False).split():
+    held: set[str] = set()
+    drained: set[str] = set()
+    while queued := target.sh(f"squeue -h -o '%i|%r' -j {','.join(ids)}", check=False).split("\n"):
+        # A job slurmctld had saved as pending but its slurmd had started: requeued and held
+        # ("launch failed requeued held") until someone releases it. Counted, then released.
+        stuck = [q.split("|")[0] for q in queued if q.endswith("|launch failed requeued held")]
+        if stuck:
+            held.update(stuck)
+            target.sh(f"scontrol release {','.join(stuck)}", check=False)
+        # A node still running a lost job whose id slurmctld gave again: drained ("Duplicate
+        # jobid"), as an admin would see it. Counted, then resumed.
+        for line in target.sh("sinfo -h -R -o '%n|%E'", check=False).splitlines():
+            node, _, why = line.partition("|")
+            if why.startswith("Duplicate jobid"):
+                drained.add(node)
+                target.sh(f"scontrol update NodeName={node} State=RESUME", check=False)
+        if not [q for q in queued if q.strip()]:
+            break
         if time.monotonic() > deadline:
             raise SystemExit("benchmarks.crash: the burst did not finish in 300 s")
         time.sleep(1)
-    while True:
+    states["held"] = ",".join(sorted(held))
+    states["drained"] = ",".join(sorted(drained))
+    while True:  # until slurmctld has sent accounting everything it holds
         time.sleep(2)
         queue = re.search(r"DBD Agent queue size:\s*(\d+)", target.sh("sdiag"))
-        out = target.sh(f"sacct -X -n -P -o JobID,State -j {','.join(ids)}")
-        states = {j: s.split()[0] for j, s in (line.split("|") for line in out.split())}
-        if queue and queue.group(1) == "0" and len(states) == len(ids):
-            return states
+        if queue and queue.group(1) == "0":
+            break
         if time.monotonic() > deadline:
             raise SystemExit("benchmarks.crash: accounting did not settle in 300 s")
+    time.sleep(2)
+    out = target.sh(f"sacct -X -n -P -o JobID,State -j {','.join(ids)}")
+    states.update({j: s.split()[0] for j, s in (line.split("|") for line in out.split())})
+    return states
 
 
 def point(target: Target, delay: float, jobs: int) -> dict[str, Any]:
@@ -127,12 +151,19 @@ def point(target: Target, delay: float, jobs: int) -> dict[str, Any]:
     target.kill_controller()
     back_s = target.start_controller()
     states = settle(target, ids)
-    lost = [j for j in ids if states.get(j) in OPEN]
+    held = [j for j in states.pop("held").split(",") if j]
+    drained = [n for n in states.pop("drained").split(",") if n]
+    lost = [j for j in ids if states.get(j) in OPEN or j not in states]
+    unrecorded = [j for j in lost if j not in states]
     said = json.loads(target.sh(f"{PYHPC} status --json {shlex.join(lost)}", check=False) or "{}") \
         if lost else {}
     target.sh("sacctmgr -i show runawayjobs", check=False)
     return {"delay_s": delay, "jobs": jobs, "survived": jobs - len(lost), "lost": len(lost),
-            "lost_reported_lost": sum(s == "LOST" for s in said.values()),
+            "lost_open_in_accounting": len(lost) - len(unrecorded),
+            "lost_without_a_record": len(unrecorded), "held_after_restart": len(held),
+            "nodes_drained_duplicate_jobid": len(drained),
+            # pyhpc status of the lost jobs (as root, no job records: plain sbatch jobs)
+            "pyhpc_said": dict(sorted(Counter(said.values()).items())),
             "burst_s": round(accepted - start, 2), "kill_after_s": round(killed - accepted, 2),
             "controller_back_s": round(back_s, 1)}
 
