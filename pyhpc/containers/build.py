@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,12 @@ ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 #: Bump when image.json gains fields, so cached records are rebuilt with them.
 RECORD_VERSION = 2
 CACHE = Path(os.environ.get("PYHPC_CONTAINER_CACHE", "/var/cache/pyhpc/containers"))
+
+
+def cuda_wheel(name: str) -> bool:
+    """Whether a wheel is CUDA's (``nvidia_cublas_cu12-…``, ``torch-2.13.0+cu128-…``), not
+    one that only names NVIDIA (``nvidia_ml_py``: NVML's bindings, pure Python)."""
+    return "+cu" in name or (name.startswith("nvidia_") and re.search(r"_cu\d+-", name) is not None)
 
 
 def log(message: str) -> None:
@@ -136,7 +143,7 @@ def prepare_context(var: Variant, ctx: Path) -> tuple[str, str]:
         cmd += ["--extra-index-url", var.wheels["extra_index_url"]]
     log(f"downloading wheels into {wheels}")
     run(cmd)
-    if var.cuda == "none" and any("nvidia" in p.name or "+cu" in p.name for p in wheels.iterdir()):
+    if var.cuda == "none" and any(cuda_wheel(p.name) for p in wheels.iterdir()):
         raise ContainerError(f"build: CUDA wheels in {wheels} for CPU variant {var.name!r}; "
                              "torch must come from the CPU wheel (find_links)")
     return files["Containerfile"], key

@@ -490,3 +490,16 @@ def test_build_variant_resolves_the_variant_and_builds_under_the_lock(monkeypatc
     assert calls == [("cuda", "2.13.0", tmp_path / "images",
                       {"oci_archive": False, "force": False, "context_only": True})]
     assert (tmp_path / "cache" / "build.lock").exists()
+
+
+@pytest.mark.parametrize(("name", "cuda"), [
+    ("nvidia_ml_py-13.615.71-py3-none-any.whl", False),  # NVML's bindings: pure Python
+    ("torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", False),
+    ("torch-2.13.0+cu128-cp311-cp311-linux_x86_64.whl", True),
+    ("nvidia_cublas_cu12-12.8.4.1-py3-none-manylinux_2_27_x86_64.whl", True),
+    ("nvidia_nccl_cu13-2.28.3-py3-none-manylinux_2_18_x86_64.whl", True),
+])
+def test_a_cpu_image_refuses_cuda_wheels_but_not_nvml_bindings(name: str, cuda: bool) -> None:
+    from pyhpc.containers.build import cuda_wheel
+
+    assert cuda_wheel(name) is cuda
