@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hostlab bench-monitoring containers clean \
+.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-hostlab bench-monitoring containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -93,6 +93,9 @@ bench-crash: venv lab-up ## Benchmark the controller-crash window: accepted jobs
 
 bench-monitoring: venv lab-up ## Benchmark monitoring: training samples/s with and without it (ABBA), scrape cost at 4 and 68 nodes, Slurm commands per scrape (~20 min; redeploys the lab).
 	$(PY) -m benchmarks.monitoring
+
+bench-hub: venv lab-up ## Benchmark the hub: twenty participants start their servers at once; time until all run, the hub's memory (~10 min; redeploys the lab).
+	$(PY) -m benchmarks.hub
 
 bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/results/<name>.json.
 	$(PY) -m benchmarks.containers --from-scratch

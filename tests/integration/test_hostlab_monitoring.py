@@ -23,8 +23,7 @@ from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, on, run_on
 from test_hostlab_life import converge, node_states, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
-              pytest.mark.skipif(SKIP is not None, reason=SKIP or ""),
-              pytest.mark.skip(reason="outline, never run: monitoring on hostlab is untested")]
+              pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
 HOSTS = ("ctl", "db", "login", *COMPUTE)
 PORTS = {"node": 9100, "slurm": 9810, "jobs": 9811, "prometheus": 9090}
