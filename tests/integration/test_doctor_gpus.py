@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +63,12 @@ def resume() -> Iterator[list[str]]:
         if node_fields(node).get("Reason", "").startswith(OURS):
             sh("scontrol", "update", f"NodeName={node}", "State=RESUME")
             assert "DRAIN" not in node_fields(node).get("State", ""), f"{node} stayed drained"
+            # A resumed node is NOT_RESPONDING until slurmctld's ping reaches it (a second or
+            # so): the next test (a doctor run) would find it unchecked.
+            deadline = time.monotonic() + 60
+            while "NOT_RESPONDING" in node_fields(node).get("State", ""):
+                assert time.monotonic() < deadline, f"{node} still not responding after resume"
+                time.sleep(0.5)
 
 
 def test_doctor_gpus_finds_every_gpu_node_ok(work: Path) -> None:
