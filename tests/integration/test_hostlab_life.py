@@ -85,6 +85,8 @@ def invocations(units: dict[str, str]) -> dict[str, str]:
 
 def converge(release: str) -> None:
     """The repository's hostlab on hosts of `release`, converged, with no job left over."""
+    # A run killed between adding a host and its teardown leaves that host up: away with it.
+    _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", NEW_HOST])
     release_hosts(release)
     _, image = make_with("hostlab-image", release=release)
     _, up = make_with("hostlab-up", release=release)
