@@ -10,6 +10,7 @@ files (in /tmp, in the accounting, on every node) would be theirs.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,26 @@ def home_owners(which: str) -> set[int]:
         except OSError:
             continue
         found.add(info.st_uid if which == "uid" else info.st_gid)
+    return found
+
+
+def kept_homes(d: Directory, names: Iterable[str], used: Iterable[int]) -> dict[str, os.stat_result]:
+    """Users of ``names`` whose own home (HOMES/name: a directory, never through a link)
+    is there from before, owned by a uid in the directory's range that no entry and no
+    local account uses (``used``, the directory's): a directory rebuilt over kept homes,
+    the same definition's users. Each is given their home's numbers back, else their home
+    would be another uid's and shut to them."""
+    taken = set(used) | local_numbers("uid")
+    found: dict[str, os.stat_result] = {}
+    for name in names:
+        try:
+            info = (HOMES / name).lstat()
+        except OSError:
+            continue
+        if (stat.S_ISDIR(info.st_mode) and d.uid_min <= info.st_uid <= d.uid_max
+                and info.st_uid not in taken
+                and info.st_uid not in {f.st_uid for f in found.values()}):
+            found[name] = info
     return found
 
 
@@ -152,11 +173,25 @@ def sync(d: Directory, accounts: tuple[Account, ...]) -> SyncPlan:
     changed_base = ensure_base(d)
     new_groups = [a for a in members if a not in have_groups]
     new_users = [u for u in wanted if u not in have_users]
-    gids = dict(zip(new_groups, allocate(d, "gid", len(new_groups), _gids(have_users, have_groups),
-                                         _gids(have_users, have_groups, marked=True)),
-                    strict=True))
+    kept = kept_homes(d, new_users, _uids(have_users))
+    # A new account's group gets the gid its members' kept homes carry, where they agree
+    # and no group or local group has it.
+    used_gids = set(_gids(have_users, have_groups)) | local_numbers("gid")
+    gids: dict[str, int] = {}
+    for g in new_groups:
+        carried = {kept[u].st_gid for u in members[g] if u in kept}
+        if len(carried) == 1 and (gid := carried.pop()) not in used_gids | set(gids.values()) \
+                and d.uid_min <= gid <= d.uid_max:
+            gids[g] = gid
+    rest = [g for g in new_groups if g not in gids]
+    gids.update(zip(rest, allocate(d, "gid", len(rest), [*used_gids, *gids.values()],
+                                   _gids(have_users, have_groups, marked=True)), strict=True))
     gids.update({g: e.number for g, e in have_groups.items()})
-    uids = allocate(d, "uid", len(new_users), _uids(have_users), _uids(have_users, marked=True))
+    fresh = [u for u in new_users if u not in kept]
+    numbers = {u: kept[u].st_uid for u in kept}
+    numbers.update(zip(fresh, allocate(d, "uid", len(fresh), [*_uids(have_users), *numbers.values()],
+                                       _uids(have_users, marked=True)), strict=True))
+    uids = [numbers[u] for u in new_users]
     primary = {u: gids[next(a.name for a in accounts if u in a.users)] for u in new_users}
     add(d, "".join(group_ldif(d, g, gids[g], members[g], mark) for g in new_groups)
         + "".join(user_ldif(d, u, n, primary[u], mark)

@@ -146,6 +146,29 @@ def test_numbers_skip_local_accounts_and_start_above_kept_homes(fake_ldap, tmp_p
     assert directory.users(d)["ws-03"].number == 20009  # the counter, past a local uid
 
 
+def test_a_directory_rebuilt_over_kept_homes_gives_their_users_their_numbers_back(
+        fake_ldap, tmp_path, monkeypatch) -> None:
+    """A new directory (its host rebuilt) and the shared /home as it was: user1 finds their
+    home theirs again; a home a local account owns, or one reached through a link, is no
+    one's to adopt; numbers for new users start above every kept home."""
+    passwd, group, homes = tmp_path / "passwd", tmp_path / "group", tmp_path / "home"
+    passwd.write_text("root:x:0:0::/root:/bin/sh\nlocal:x:20003:20003::/x:/bin/sh\n")
+    group.write_text("root:x:0:\nlocal:x:20003:\n")
+    homes.mkdir()
+    for name, uid in (("user1", 20000), ("user2", 20003), ("elsewhere", 20006)):
+        (homes / name).mkdir()
+        os.chown(homes / name, uid, 20000)
+    (homes / "user3").symlink_to(homes / "elsewhere")
+    monkeypatch.setattr(directory_sync, "LOCAL_IDS", {"uid": passwd, "gid": group})
+    monkeypatch.setattr(directory_sync, "HOMES", homes)
+    d = lab_directory()
+    directory_sync.sync(d, (cluster.Account("lab", ("root", "user1", "user2", "user3")),))
+    users = directory.users(d)
+    assert (users["user1"].number, users["user1"].gid) == (20000, 20000)
+    assert directory.groups(d)["lab"].number == 20000
+    assert [users[n].number for n in ("user2", "user3")] == [20007, 20008]
+
+
 def test_a_full_range_and_a_counter_moved_meanwhile_are_one_line_each(fake_ldap,
                                                                       monkeypatch) -> None:
     d = cluster.Directory(True, "dc=lab,dc=pyhpc", "cn=admin,dc=lab,dc=pyhpc", "/x",
