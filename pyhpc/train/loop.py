@@ -23,6 +23,7 @@ import signal
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -475,10 +476,16 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for srun/torchrun launches (one process per rank). A refused option,
-    run directory or checkpoint is one line on stderr and exit status 2."""
+    """Entry point for srun/torchrun launches (one process per rank)."""
+    return launch(lambda: run(parse_args(argv)))
+
+
+def launch(train: Callable[[], metrics.Summary | None]) -> int:
+    """One rank's run (data parallel, or pipelined): its summary as one JSON line on
+    stdout. A refused option, run directory or checkpoint is one line on stderr and exit
+    status 2."""
     try:
-        summary = run(parse_args(argv))
+        summary = train()
     except PyhpcError as exc:
         print(f"pyhpc.train: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import stat
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -333,13 +332,4 @@ class PipelineTrainer(loop.Trainer):
 
 def main(cfg: TrainConfig) -> int:
     """``python -m pyhpc.train --pipeline N``: one rank; a refusal is one line, exit 2."""
-    from pyhpc.errors import PyhpcError
-
-    try:
-        summary = run(cfg)
-    except PyhpcError as exc:
-        print(f"pyhpc.train: {exc}", file=sys.stderr, flush=True)
-        return 2
-    if summary:
-        print(json.dumps(summary.row(), sort_keys=True), flush=True)
-    return 0
+    return loop.launch(lambda: run(cfg))
