@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from test_jobs import RESEARCHER, home, pyhpc, read_history, researcher, wait  # noqa: F401
+from test_jobs import RESEARCHER, home, pyhpc, read_history, requeue, researcher, wait  # noqa: F401
 
 from pyhpc import paths
 
@@ -92,16 +91,7 @@ def test_two_nodes_by_two_stages_from_the_python_api_resume_after_a_requeue(work
             (run / "pipeline.json").read_text())["epoch"] < 1:
         assert time.monotonic() < deadline, "no two epochs committed in time"
         time.sleep(0.5)
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    # As test_jobs' requeue test: let the requeued job go a few seconds after it pends again.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
-                               text=True).stdout.strip()
-        if state == "PENDING" and subprocess.run(
-                ["scontrol", "update", f"JobId={job}", "StartTime=now+5"]).returncode == 0:
-            break
-        time.sleep(0.5)
+    requeue(job)
     assert wait(work, job, timeout=600) == "COMPLETED"
     history = read_history(run)
     assert [h["epoch"] for h in history] == [0, 1, 2, 3], history

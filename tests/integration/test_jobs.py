@@ -114,6 +114,22 @@ def check_run(run: Path, workers: int) -> dict:
     return row
 
 
+def requeue(job: str) -> None:
+    """`scontrol requeue` the job, and let it go again a few seconds after it pends: Slurm
+    holds a requeued batch job for minutes (BeginTime, so the old launch credential
+    expires), and a relaunch within the same second as the revocation is refused
+    ("credential revoked")."""
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                               text=True).stdout.strip()
+        if state == "PENDING" and subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "StartTime=now+5"]).returncode == 0:
+            break
+        time.sleep(0.5)
+
+
 def test_two_node_data_parallel_job_via_submit_completes(work: Path) -> None:
     run = work / "ddp"
     proc = pyhpc(work, "submit", "ddp-srun", "--nodes", "2", "--set", "module=pyhpc.train",
@@ -233,18 +249,7 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_exact_epoch_count(wor
     while not ((run / "history.json").exists() and len(read_history(run)) >= 2):
         assert time.monotonic() < deadline, "no two epochs checkpointed in time"
         time.sleep(0.5)
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    # Slurm holds a requeued batch job for minutes (BeginTime, so the old launch
-    # credential expires). Once it is pending again, let it go a few seconds later: a
-    # relaunch within the same second as the revocation is refused ("credential revoked").
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
-                               text=True).stdout.strip()
-        if state == "PENDING" and subprocess.run(
-                ["scontrol", "update", f"JobId={job}", "StartTime=now+5"]).returncode == 0:
-            break
-        time.sleep(0.5)
+    requeue(job)
     assert wait(work, job) == "COMPLETED"
     history = read_history(run)
     assert [h["epoch"] for h in history] == list(range(epochs))
