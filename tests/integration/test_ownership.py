@@ -255,12 +255,16 @@ def test_participants_and_researchers_see_only_their_own_accounting(
                                  "format=account,user").stdout  # as root: everyone's
         researcher = as_user("user1", f"sacct -a -X -n -P -S {since} -o jobid,user").stdout
         assert first not in researcher and second not in researcher
-        # sreport reads slurmdbd's hourly rollups: usage shows once an hour with it has ended.
-        usage = sh("sreport", "-n", "-P", "user", "topusage", "start=2026-01-01",
-                   "end=now").stdout
+        # sreport reads slurmdbd's hourly rollups: usage shows once an hour with it has ended,
+        # and not while slurmdbd redoes them (after test_lost_jobs' --fix-runaway).
+        deadline = time.monotonic() + 90
+        while not (usage := sh("sreport", "-n", "-P", "user", "topusage", "start=2026-01-01",
+                               "end=now").stdout) and time.monotonic() < deadline:
+            time.sleep(5)
         if not usage:
-            pytest.skip("sreport has no usage to show yet: slurmdbd rolls usage up hourly, "
-                        "and this lab's accounting began within the current hour")
+            pytest.skip("sreport shows no usage for 90 s: slurmdbd's hourly rollups are not "
+                        "there (a fresh lab's first hour, or being redone after runaway "
+                        "jobs were fixed)")
         # root sees others' usage (rows of users other than the participant).
         assert {r.split("|")[1] for r in usage.splitlines()} - {first}, usage
         # sreport: their own usage, and the cluster's total (the root account's row), no
