@@ -180,11 +180,12 @@ def sync(d: Directory, accounts: tuple[Account, ...]) -> SyncPlan:
     gids: dict[str, int] = {}
     for g in new_groups:
         carried = {kept[u].st_gid for u in members[g] if u in kept}
-        if len(carried) == 1 and (gid := carried.pop()) not in used_gids | set(gids.values()) \
-                and d.uid_min <= gid <= d.uid_max:
+        gid = carried.pop() if len(carried) == 1 else None
+        if gid is not None and d.uid_min <= gid <= d.uid_max and gid not in used_gids:
             gids[g] = gid
+            used_gids.add(gid)
     rest = [g for g in new_groups if g not in gids]
-    gids.update(zip(rest, allocate(d, "gid", len(rest), [*used_gids, *gids.values()],
+    gids.update(zip(rest, allocate(d, "gid", len(rest), used_gids,
                                    _gids(have_users, have_groups, marked=True)), strict=True))
     gids.update({g: e.number for g, e in have_groups.items()})
     fresh = [u for u in new_users if u not in kept]
