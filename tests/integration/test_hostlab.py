@@ -67,10 +67,29 @@ def _make(target: str, timeout: int = 900) -> tuple[str, float]:
 
 
 #: The release whose hosts the repository's inventory last converged in this pytest run
-#: (a deploy that passed), None once a test changed the topology. A later module's converge
-#: of the same release skips the deploy when every host's systemd is running cleanly: the
-#: deploy was just checked, twice (test_second_deploy_changes_nothing_and_restarts_nothing).
-CONVERGED: dict[str, str | None] = {"release": None}
+#: (a deploy that passed), None once a test changed the topology, and each host's container
+#: id then. A later module's converge of the same release skips the deploy when every host
+#: is that same container (a recreated host is a bare image again) and its systemd runs
+#: cleanly: the deploy was just checked, twice
+#: (test_second_deploy_changes_nothing_and_restarts_nothing).
+CONVERGED: dict[str, Any] = {"release": None, "ids": {}}
+
+
+def mark_converged(release: str | None) -> None:
+    CONVERGED.update(release=release, ids={} if release is None else
+                     {host: row.get("id") for host, row in status().items()})
+
+
+def still_converged(release: str) -> bool:
+    """Whether the hosts are the ones converged for `release` in this run, all running."""
+    if CONVERGED["release"] != release:
+        return False
+    ids = {host: row.get("id") for host, row in status().items()}
+    if any(ids.get(host) != CONVERGED["ids"].get(host) for host in HOSTS):
+        print(f"hostlab ({release}): a host was recreated since it converged: deploy")
+        return False
+    return all(run_on(host, "systemctl", "is-system-running").stdout.strip() == "running"
+               for host in HOSTS)
 
 
 def on(host: str, *cmd: str) -> str:
@@ -178,6 +197,24 @@ def test_memory_per_host(hostlab: dict[str, Any]) -> None:
     assert all(r < 512 for r in rss.values()), rss
 
 
+def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]) -> None:
+    """Processes killed from outside (conmon first, so podman misses the exit) leave a
+    host that podman lists as running; `make hostlab-up` must bring it back, not hang.
+    (Before the deploy: a recreated host is a bare image again, and `deployed` converges it.)"""
+    host = COMPUTE[0]
+    proc, _ = _run([*HOSTLAB, "podman", "inspect", "--format",
+                    "{{.State.ConmonPid}} {{.State.Pid}}", host])
+    conmon, init = proc.stdout.split()
+    subprocess.run(["kill", "-KILL", conmon], check=True)
+    subprocess.run(["kill", "-KILL", init], check=True)
+    out, _ = _make("hostlab-up")
+    assert f"started {host};" in out, out
+    after = status()
+    assert after[host]["state"] == "running"
+    assert on(host, "cat", "/proc/1/comm") == "systemd"
+    assert on(host, "systemctl", "is-system-running") in ("running", "degraded")
+
+
 # --- the Slurm cluster on the hosts (make hostlab-deploy) ----------------------
 
 DEPLOY_LOG = paths.ROOT / ".deploy" / "hostlab-deploy.log"
@@ -232,7 +269,7 @@ def deployed(hostlab: dict[str, Any]) -> dict[str, Any]:
     """`make hostlab-deploy`: site.yml against the hostlab inventory (converges the hosts)."""
     out, took = _make("hostlab-deploy", timeout=1800)
     print(f"hostlab: make hostlab-deploy {took:.1f} s")
-    CONVERGED["release"] = "trixie"
+    mark_converged("trixie")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # slurmd registers within seconds of starting
         states = on("login", "sinfo", "--noheader", "--Node", "--format=%N %t").split()
@@ -379,20 +416,3 @@ def test_the_labs_munged_is_found_by_its_pid_file_not_by_name(deployed: dict[str
     assert subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0
     assert {host: on(host, "systemctl", "show", "--property=MainPID", "--value", "munge.service")
             for host in HOSTS} == pids
-
-
-def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]) -> None:
-    """Processes killed from outside (conmon first, so podman misses the exit) leave a
-    host that podman lists as running; `make hostlab-up` must bring it back, not hang."""
-    host = COMPUTE[0]
-    proc, _ = _run([*HOSTLAB, "podman", "inspect", "--format",
-                    "{{.State.ConmonPid}} {{.State.Pid}}", host])
-    conmon, init = proc.stdout.split()
-    subprocess.run(["kill", "-KILL", conmon], check=True)
-    subprocess.run(["kill", "-KILL", init], check=True)
-    out, _ = _make("hostlab-up")
-    assert f"started {host};" in out, out
-    after = status()
-    assert after[host]["state"] == "running"
-    assert on(host, "cat", "/proc/1/comm") == "systemd"
-    assert on(host, "systemctl", "is-system-running") in ("running", "degraded")

@@ -24,15 +24,15 @@ import yaml
 # pytest puts this directory on sys.path (rootdir-relative, no package).
 from test_hostlab import (
     COMPUTE,
-    CONVERGED,
     HOSTLAB,
-    HOSTS,
     SKIP,
     _run,
+    mark_converged,
     on,
     release_hosts,
     run_on,
     sacct_state,
+    still_converged,
 )
 
 from pyhpc import paths
@@ -101,15 +101,13 @@ def converge(release: str) -> None:
     release_hosts(release)
     _, image = make_with("hostlab-image", release=release)
     _, up = make_with("hostlab-up", release=release)
-    running = {host: run_on(host, "systemctl", "is-system-running").stdout.strip()
-               for host in HOSTS}
-    if CONVERGED["release"] == release and set(running.values()) == {"running"}:
-        print(f"hostlab ({release}): converged earlier in this run, every host running: "
-              "no deploy")
+    if still_converged(release):
+        print(f"hostlab ({release}): converged earlier in this run, the same hosts all "
+              "running: no deploy")
     else:
-        CONVERGED["release"] = None
+        mark_converged(None)
         _, deploy = make_with("hostlab-deploy", release=release)
-        CONVERGED["release"] = release
+        mark_converged(release)
         print(f"hostlab ({release}): image {image:.1f} s, up {up:.1f} s, deploy {deploy:.1f} s")
     on("login", "scancel", "--user=root")  # what an earlier, failed run of these tests left
     wait_for("every compute host idle", lambda: set(node_states().values()) == {"idle"})
@@ -143,7 +141,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_adding_a_compute_host_brings_it_in_and_touches_no_running_job(
         cluster: dict[str, Any], grown: Path) -> None:
-    CONVERGED["release"] = None  # another topology from here on
+    mark_converged(None)  # another topology from here on
     running = submit("--partition=gpu", "--nodes=1", "--wrap=sleep 1200")
     wait_for("a job running on a GPU host", lambda: job_state(running) == "RUNNING")
     units = {**{host: "slurmd" for host in COMPUTE}, "ctl": "slurmctld"}
