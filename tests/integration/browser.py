@@ -17,9 +17,11 @@ DRIVER = "/usr/bin/chromedriver"
 
 
 @contextmanager
-def chromium(width: int = 1280, height: int = 900, insecure_tls: bool = False) -> Iterator[Any]:
+def chromium(width: int = 1280, height: int = 900, insecure_tls: bool = False,
+             resolve: dict[str, str] | None = None) -> Iterator[Any]:
     """A headless chromium session (a selenium WebDriver). ``insecure_tls``: accept a
-    certificate from a CA this browser does not know (the deploy's own CA)."""
+    certificate from a CA this browser does not know (the deploy's own CA). ``resolve``:
+    host names this machine's resolver does not know, each to its address (hostlab's)."""
     if not (shutil.which(CHROMIUM) and shutil.which(DRIVER)):
         pytest.fail("chromium and chromium-driver are missing: `make test` installs them "
                     "(Debian's packages)")
@@ -33,6 +35,9 @@ def chromium(width: int = 1280, height: int = 900, insecure_tls: bool = False) -
         options.add_argument(arg)
     if insecure_tls:
         options.add_argument("--ignore-certificate-errors")
+    if resolve:
+        options.add_argument("--host-resolver-rules="
+                             + ", ".join(f"MAP {name} {address}" for name, address in resolve.items()))
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
     driver.set_page_load_timeout(60)
     try:

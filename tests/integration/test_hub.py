@@ -7,9 +7,7 @@ accuracy; squeue shows the server as their job in the reservation. A wrong passw
 directory user without an association are refused; a second participant gets 403 at the
 first's server; the idle culler stops an idle server (a redeploy with a one-minute
 timeout, then the lab's definition again). Screenshots of the form and of the running
-notebook go to docs/ for the README.
-
-NOT YET RUN on the lab: written with the role, before its first deploy.
+notebook go to docs/ for the README. The same on hosts: test_hostlab_notebooks.py.
 """
 from __future__ import annotations
 
@@ -64,10 +62,11 @@ def participants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict
     print(f"workshop delete: {done}")
 
 
-def login(driver: Any, user: str, password: str) -> None:
+def login(driver: Any, user: str, password: str, base: str | None = None) -> None:
+    """The hub's login form (at `base`, the lab's hub by default), filled and sent."""
     from selenium.webdriver.common.by import By
 
-    driver.get(url() + "hub/login")
+    driver.get((base or url()) + "hub/login")
     driver.find_element(By.ID, "username_input").send_keys(user)
     driver.find_element(By.ID, "password_input").send_keys(password)
     driver.find_element(By.ID, "login_submit").click()
@@ -83,17 +82,19 @@ def wait_for(what: str, check: Any, timeout: float, every: float = 2) -> Any:
     pytest.fail(f"waited {timeout:.0f} s for {what}")
 
 
-def spawn(driver: Any, user: str, shot: Path | None = None) -> None:
-    """The form as the user sees it, submitted as preselected; until JupyterLab is up."""
+def spawn(driver: Any, user: str, shot: Path | None = None, base: str | None = None,
+          workshop_name: str = WORKSHOP) -> None:
+    """The form as the user sees it, submitted as preselected (the workshop's reservation
+    and account); until JupyterLab is up."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    driver.get(url() + "hub/spawn")
+    driver.get((base or url()) + "hub/spawn")
     form = driver.find_element(By.ID, "spawn_form")
     assert Select(form.find_element(By.NAME, "reservation")).first_selected_option \
-        .get_attribute("value") == WORKSHOP
+        .get_attribute("value") == workshop_name
     assert Select(form.find_element(By.NAME, "account")).first_selected_option \
-        .get_attribute("value") == WORKSHOP
+        .get_attribute("value") == workshop_name
     if shot:
         screenshot(driver, shot)
     button = form.find_element(By.CSS_SELECTOR, "[type=submit]")
@@ -102,6 +103,32 @@ def spawn(driver: Any, user: str, shot: Path | None = None) -> None:
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'}); arguments[0].click();",
                           button)
     wait_for(f"{user}'s JupyterLab", lambda: f"/user/{user}/lab" in driver.current_url, SPAWN_S)
+
+
+def run_notebook_1(driver: Any, user: str, base: str | None = None) -> None:
+    """Notebook 1 opened from the user's home, Run All Cells, until its accuracy shows."""
+    from selenium.webdriver.common.by import By
+
+    driver.get((base or url()) + f"user/{user}/lab/tree/workshop/01-hello-cluster.ipynb")
+    wait_for("the notebook", lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Notebook"), 120)
+    time.sleep(5)  # the kernel starts
+    # By its label: the item's command id differs between JupyterLab releases.
+    run_all = ("//li[contains(@class,'lm-Menu-item')]//div[contains(@class,'lm-Menu-itemLabel')"
+               " and text()='Run All Cells']")
+
+    def menu() -> list[Any]:  # the Run menu, opened (again) until its item shows
+        if not driver.find_elements(By.XPATH, run_all):
+            driver.find_element(By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') "
+                                "and text()='Run']").click()
+            time.sleep(1)
+        found: list[Any] = driver.find_elements(By.XPATH, run_all)
+        return found
+
+    wait_for("the Run menu", menu, 60, every=2)
+    driver.find_element(By.XPATH, run_all).click()
+    wait_for("notebook 1's accuracy", lambda: "test accuracy" in " ".join(
+        e.text for e in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output")),
+        NOTEBOOK_S, every=10)
 
 
 def server_jobs(user: str) -> list[str]:
@@ -163,8 +190,6 @@ def test_a_directory_user_without_an_association_cannot_log_in() -> None:
 
 def test_a_participant_starts_a_server_in_the_reservation_and_runs_notebook_1(
         participants: list[dict[str, str]]) -> None:
-    from selenium.webdriver.common.by import By
-
     user, password = participants[0]["user"], participants[0]["password"]
     with chromium(width=1400, height=1000, insecure_tls=True) as driver:
         login(driver, user, password)
@@ -175,25 +200,7 @@ def test_a_participant_starts_a_server_in_the_reservation_and_runs_notebook_1(
         uid = sh("id", "-u", user).stdout.strip()
         mine = [line for line in sh("ss", "-H", "-ltne").stdout.splitlines() if f"uid:{uid} " in line]
         assert mine and all(line.split()[3].startswith("127.0.0.1:") for line in mine), mine
-        driver.get(url() + f"user/{user}/lab/tree/workshop/01-hello-cluster.ipynb")
-        wait_for("the notebook", lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Notebook"), 120)
-        time.sleep(5)  # the kernel starts
-        # By its label: the item's command id differs between JupyterLab releases.
-        run_all = ("//li[contains(@class,'lm-Menu-item')]//div[contains(@class,'lm-Menu-itemLabel')"
-                   " and text()='Run All Cells']")
-
-        def menu() -> list[Any]:  # the Run menu, opened (again) until its item shows
-            if not driver.find_elements(By.XPATH, run_all):
-                driver.find_element(By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') "
-                                    "and text()='Run']").click()
-                time.sleep(1)
-            return driver.find_elements(By.XPATH, run_all)
-
-        wait_for("the Run menu", menu, 60, every=2)
-        driver.find_element(By.XPATH, run_all).click()
-        wait_for("notebook 1's accuracy", lambda: "test accuracy" in " ".join(
-            e.text for e in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output")),
-            NOTEBOOK_S, every=10)
+        run_notebook_1(driver, user)
         screenshot(driver, DOCS / "hub-notebook.png")
     # The notebook's own jobs went where the server went: the reservation.
     jobs = as_user(user, "sacct -X -n -P -o JobName,Reservation -S now-1hour").stdout.split()

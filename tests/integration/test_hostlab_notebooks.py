@@ -1,0 +1,125 @@
+"""The hub on hosts: hostlab's definition runs JupyterHub on `login` (Debian 12 hosts, the
+only ones with the pyhpc environment), and each notebook server is a Slurm job on a compute
+host, as on a real cluster. A real headless chromium on this machine reaches the hub at the
+address of `login` under the name on the workshop sheet, as a participant's browser would.
+
+What differs from the lab's hub (test_hub.py) and so is checked here: the hub answers at
+the login host's name over TLS from the generated CA, its API (where servers call back) on
+the cluster network; a participant's server runs on a compute host, in their workshop's
+reservation, listening on that host's own address, never on every interface, and the hub
+on another host reaches it; notebook 1 runs from there; a wrong password is refused; a
+second participant gets 403 at the first's server. (The association rule, the sudo rule
+and the culler are the same code on both: test_hub.py's on the lab.)
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from browser import chromium
+
+# pytest puts this directory on sys.path (rootdir-relative, no package).
+from test_hostlab import COMPUTE, SKIP, on, run_on
+from test_hostlab_life import converge
+from test_hub import login, run_notebook_1, spawn, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
+              pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
+
+WORKSHOP = "hlhub"
+SHEET = "/root/pyhpc-workshops-hostlab-hub"
+#: On login: the hub's health as pyhpc doctor checks it (GET /hub/api over TLS verified by
+#: the generated CA), and its URL.
+HEALTH = ("import json; from pyhpc import cluster; from pyhpc.hub import api; "
+          "c = cluster.load('/etc/pyhpc/cluster.yml'); "
+          "print(json.dumps([api.url(c), *api.health(c)]))")
+
+
+def address(host: str) -> str:
+    return on(host, "hostname", "-I").split()[0]
+
+
+@pytest.fixture(scope="module")
+def hub() -> dict[str, Any]:
+    """Debian 12 hosts converged; the hub's URL as login gives it, and its address."""
+    converge("bookworm")
+    where, ok, detail = json.loads(on("login", "/opt/pyhpc/venv/bin/python", "-c", HEALTH))
+    assert ok, detail
+    return {"url": where, "resolve": {urlsplit(where).hostname: address("login")}}
+
+
+@pytest.fixture(scope="module")
+def participants(hub: dict[str, Any]) -> Iterator[list[dict[str, str]]]:
+    """Two rows of a new workshop's sheet, made by root on login (2 hosts reserved in the
+    `all` partition: a server and notebook 1's job fit); deleted afterwards, which stops
+    their servers."""
+    run_on("login", "pyhpc", "workshop", "delete", WORKSHOP, "--homes")  # an earlier run's
+    on("login", "pyhpc", "workshop", "create", WORKSHOP, "--participants", "2", "--start", "now",
+       "--hours", "1", "--nodes", "2", "--partition", "all", "--out", SHEET)
+    rows = list(csv.DictReader(io.StringIO(on("login", "cat", f"{SHEET}/{WORKSHOP}.csv"))))
+    assert [r["notebooks"] for r in rows] == [hub["url"]] * 2, rows
+    yield rows
+    print(run_on("login", "pyhpc", "workshop", "delete", WORKSHOP, "--homes").stdout)
+
+
+def server_jobs(user: str) -> list[str]:
+    """The user's hub server jobs: name|reservation|account|state|node."""
+    out = on("login", "squeue", "-h", "-u", user, "-o", "%j|%v|%a|%T|%N")
+    return [line for line in out.split() if line.startswith("pyhpc-hub|")]
+
+
+def test_the_hub_listens_on_login_and_its_api_on_the_cluster_network(hub: dict[str, Any]) -> None:
+    assert urlsplit(hub["url"]).port == 8000
+    listening = {row.split()[3] for row in on("login", "ss", "-Hltn").splitlines()}
+    assert {"*:8000", "0.0.0.0:8081"} <= listening or {"[::]:8000", "0.0.0.0:8081"} <= listening, \
+        listening
+    # The proxy's own API stays on the loopback, behind its token.
+    assert "127.0.0.1:8001" in listening and not {"0.0.0.0:8001", "*:8001"} & listening
+    # A compute host reaches the hub's API, where a server calls back.
+    reach = run_on(COMPUTE[0], "python3", "-I", "-c",
+                   "import socket; socket.create_connection(('login', 8081), 5)")
+    assert reach.returncode == 0, reach.stderr
+
+
+def test_a_wrong_password_is_refused_on_hosts(hub: dict[str, Any],
+                                              participants: list[dict[str, str]]) -> None:
+    with chromium(insecure_tls=True, resolve=hub["resolve"]) as driver:
+        login(driver, participants[0]["user"], participants[0]["password"] + "x", hub["url"])
+        assert "/hub/login" in driver.current_url
+        assert "Invalid username or password" in driver.page_source
+
+
+def test_a_participants_server_runs_on_a_compute_host_and_runs_notebook_1(
+        hub: dict[str, Any], participants: list[dict[str, str]]) -> None:
+    user, password = participants[0]["user"], participants[0]["password"]
+    with chromium(width=1400, height=1000, insecure_tls=True, resolve=hub["resolve"]) as driver:
+        login(driver, user, password, hub["url"])
+        spawn(driver, user, base=hub["url"], workshop_name=WORKSHOP)
+        jobs = server_jobs(user)
+        assert len(jobs) == 1 and jobs[0].startswith(f"pyhpc-hub|{WORKSHOP}|{WORKSHOP}|RUNNING|"), jobs
+        node = jobs[0].rsplit("|", 1)[1]
+        assert node in COMPUTE, jobs
+        # On that host's own address only, never on every interface; the hub is on login.
+        uid = on(node, "id", "-u", user)
+        mine = [line.split()[3] for line in on(node, "ss", "-H", "-ltne").splitlines()
+                if f"uid:{uid} " in line]
+        assert mine and all(local.startswith(f"{address(node)}:") for local in mine), mine
+        run_notebook_1(driver, user, hub["url"])
+    # Notebook 1's own training job went where the server went: the reservation.
+    ran = on("login", "su", "-", user, "-c", "sacct -X -n -P -o JobName,Reservation -S now-1hour")
+    assert ran.split() and all(j.endswith(f"|{WORKSHOP}") for j in ran.split()), ran
+
+
+def test_a_second_participant_gets_403_at_the_first_ones_server_on_hosts(
+        hub: dict[str, Any], participants: list[dict[str, str]]) -> None:
+    first, second = participants[0]["user"], participants[1]
+    assert server_jobs(first), "the first participant's server is not running (test order)"
+    with chromium(insecure_tls=True, resolve=hub["resolve"]) as driver:
+        login(driver, second["user"], second["password"], hub["url"])
+        driver.get(hub["url"] + f"user/{first}/lab")
+        wait_for("the refusal", lambda: "403" in driver.page_source, 60)
