@@ -100,8 +100,10 @@ class Participant:
 
     @staticmethod
     def xsrf(page: str) -> str:
-        found = re.search(r'name="_xsrf" value="([^"]+)"', page)
-        return found.group(1) if found else ""
+        """The page's _xsrf token: a hidden field (the login form) or in the form's action
+        (the spawn form: action="/hub/spawn?_xsrf=...")."""
+        found = re.search(r'name="_xsrf" value="([^"]+)"|[?&]_xsrf=([^"&]+)"', page)
+        return next((g for g in found.groups() if g), "") if found else ""
 
     def log_in_and_spawn(self, go: threading.Event) -> None:
         try:
@@ -131,7 +133,7 @@ def run(participants: int, work: Path) -> dict[str, Any]:
         "--start", "now", "--hours", "2", "--nodes", "2", "--partition", "cpu",
         "--jobs-per-user", "2", "--out", str(sheet_dir)])
     try:
-        with open(sheet_dir / WORKSHOP / f"{WORKSHOP}.csv", newline="") as fh:
+        with open(sheet_dir / f"{WORKSHOP}.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
         people = [Participant(r["user"], r["password"]) for r in rows]
         before = resident_kib("pyhpc-hub")

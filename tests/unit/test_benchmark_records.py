@@ -57,3 +57,16 @@ def test_no_benchmark_edits_sys_path(path: Path) -> None:
     edits = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
              and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"]
     assert not edits, f"{path.name}: sys.path at lines {edits}"
+
+
+def test_deep_keeps_the_parts_a_partial_run_did_not_measure_with_their_commit() -> None:
+    from benchmarks import deep
+
+    previous = {"commit": "abc", "date": "2026-11-25T23:17:15Z",
+                "figures": {"split": {"layers": 50}, "largest": {"rows": []},
+                            "bubble": {"rows": [1], "measured": {"commit": "old", "date": "d"}}}}
+    merged = deep.carried({"largest": {"rows": [2]}}, previous)
+    assert merged == {"split": {"layers": 50, "measured": {"commit": "abc", "date": "2026-11-25T23:17:15Z"}},
+                      "bubble": {"rows": [1], "measured": {"commit": "old", "date": "d"}},
+                      "largest": {"rows": [2]}}
+    assert deep.carried({"split": {}}, {}) == {"split": {}}
