@@ -165,17 +165,9 @@ def main() -> int:
             fn = PARTS[part]
             figures[part] = fn(work, args.reps)
             print(json.dumps({part: figures[part]}, indent=1), flush=True)
-    print(record.write("deep", carried(figures, record.read("deep"))))
+    print(record.write("deep", record.carried(figures, record.read("deep"))))
     return 0
 
-
-def carried(figures: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
-    """This run's parts, and the parts of the last recorded run that this one did not run
-    (``--only``), each marked with the commit and date it was measured at."""
-    kept = {part: {**value, "measured": value.get("measured") or
-                   {"commit": previous.get("commit"), "date": previous.get("date")}}
-            for part, value in previous.get("figures", {}).items() if part not in figures}
-    return {**kept, **figures}
 
 
 if __name__ == "__main__":

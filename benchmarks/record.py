@@ -72,6 +72,17 @@ def write(name: str, figures: dict[str, Any]) -> Path:
     return out
 
 
+def carried(figures: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
+    """A partial run's figures (a benchmark's ``--only``/``--parts``) and the parts of the
+    last recorded run (``previous``, :func:`read`'s) that this one did not measure, each
+    marked with the commit and date it was measured at."""
+    kept = {part: {**value, "measured": value.get("measured") or
+                   {"commit": previous.get("commit"), "date": previous.get("date")}}
+            for part, value in previous.get("figures", {}).items()
+            if part not in figures and isinstance(value, dict)}
+    return {**kept, **figures}
+
+
 def read(name: str) -> dict[str, Any]:
     """Benchmark ``name``'s result file, checked; {} when there is none yet."""
     if not path(name).exists():

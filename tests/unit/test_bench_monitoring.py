@@ -16,6 +16,12 @@ def test_cpu_seconds_are_utime_and_stime_even_with_spaces_in_the_name() -> None:
     assert monitoring.cpu_seconds(stat, 100) == pytest.approx(3.0)
 
 
+def test_cpu_seconds_count_the_waited_for_children_too() -> None:
+    """The Slurm exporter's commands are its children: their CPU is the scrape's."""
+    stat = "4242 (python3) S 1 4242 4242 0 -1 4194560 9 0 0 0 250 50 30 20 20 0 3 0 1"
+    assert monitoring.cpu_seconds(stat, 100) == pytest.approx(3.5)
+
+
 def test_commands_per_scrape_are_read_from_the_exporters_metric() -> None:
     text = ('pyhpc_exporter_scrape_slurm_commands{command="squeue"} 1.0\n'
             'pyhpc_exporter_scrape_slurm_commands{command="sacct"} 1.0\n'

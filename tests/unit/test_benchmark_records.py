@@ -59,14 +59,12 @@ def test_no_benchmark_edits_sys_path(path: Path) -> None:
     assert not edits, f"{path.name}: sys.path at lines {edits}"
 
 
-def test_deep_keeps_the_parts_a_partial_run_did_not_measure_with_their_commit() -> None:
-    from benchmarks import deep
-
+def test_a_partial_run_keeps_the_parts_it_did_not_measure_with_their_commit() -> None:
     previous = {"commit": "abc", "date": "2026-11-25T23:17:15Z",
                 "figures": {"split": {"layers": 50}, "largest": {"rows": []},
                             "bubble": {"rows": [1], "measured": {"commit": "old", "date": "d"}}}}
-    merged = deep.carried({"largest": {"rows": [2]}}, previous)
+    merged = record.carried({"largest": {"rows": [2]}}, previous)
     assert merged == {"split": {"layers": 50, "measured": {"commit": "abc", "date": "2026-11-25T23:17:15Z"}},
                       "bubble": {"rows": [1], "measured": {"commit": "old", "date": "d"}},
                       "largest": {"rows": [2]}}
-    assert deep.carried({"split": {}}, {}) == {"split": {}}
+    assert record.carried({"split": {}}, {}) == {"split": {}}
