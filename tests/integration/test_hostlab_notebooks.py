@@ -8,8 +8,9 @@ the login host's name over TLS from the generated CA, its API (where servers cal
 the cluster network; a participant's server runs on a compute host, in their workshop's
 reservation, listening on that host's own address, never on every interface, and the hub
 on another host reaches it; notebook 1 runs from there; a wrong password is refused; a
-second participant gets 403 at the first's server. (The association rule, the sudo rule
-and the culler are the same code on both: test_hub.py's on the lab.)
+second participant gets 403 at the first's server; a directory user without a Slurm
+association cannot log in. (The sudo rule and the culler are the same files and code on
+both, and the culler's test redeploys with a one-minute timeout: test_hub.py's, on the lab.)
 """
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ SHEET = "/root/pyhpc-workshops-hostlab-hub"
 HEALTH = ("import json; from pyhpc import cluster; from pyhpc.hub import api; "
           "c = cluster.load('/etc/pyhpc/cluster.yml'); "
           "print(json.dumps([api.url(c), *api.health(c)]))")
+
+
+#: On login, as root: a directory user and group of its own, or (argv "delete") away with
+#: them again, through pyhpc's directory code (the login host holds the directory's
+#: admin bind, as `pyhpc workshop` uses it).
+NO_ASSOCIATION = ("import sys; from pyhpc import cluster; "
+                  "from pyhpc.admin import directory, directory_sync; "
+                  "d = cluster.load('/etc/pyhpc/cluster.yml').directory; "
+                  "name, group, password = sys.argv[1:4]; "
+                  "directory.delete(d, [directory.user_dn(d, name), directory.group_dn(d, group)]) "
+                  "if password == 'delete' else directory_sync.add_members("
+                  "d, group, [name], 'pyhpc: integration test', {name: password})")
 
 
 def address(host: str) -> str:
@@ -123,3 +136,19 @@ def test_a_second_participant_gets_403_at_the_first_ones_server_on_hosts(
         login(driver, second["user"], second["password"], hub["url"])
         driver.get(hub["url"] + f"user/{first}/lab")
         wait_for("the refusal", lambda: "403" in driver.page_source, 60)
+
+
+def test_a_directory_user_without_an_association_cannot_log_in_on_hosts(hub: dict[str, Any]) -> None:
+    name, group, password = "hubnoassoc1", "hubnoassoc", "correct-horse-battery"
+    python = "/opt/pyhpc/venv/bin/python"
+    run_on("login", python, "-c", NO_ASSOCIATION, name, group, "delete")  # an earlier run's
+    on("login", python, "-c", NO_ASSOCIATION, name, group, password)
+    try:
+        assert run_on("login", "getent", "passwd", name).returncode == 0
+        assert not on("login", "sacctmgr", "-n", "-P", "show", "associations", f"users={name}")
+        with chromium(insecure_tls=True, resolve=hub["resolve"]) as driver:
+            login(driver, name, password, hub["url"])
+            assert "/hub/login" in driver.current_url
+            assert f"/user/{name}" not in driver.current_url
+    finally:
+        on("login", python, "-c", NO_ASSOCIATION, name, group, "delete")
