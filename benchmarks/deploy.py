@@ -13,6 +13,7 @@ comes back up at the end (also when a step fails).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -30,6 +31,15 @@ FRESH_RATIO_TARGET = 1.5
 RERUN_TARGET_S = 60.0
 RECAP = re.compile(r"^\S+\s+: ok=\d+\s+changed=(\d+)", re.M)
 ROLE_TIME = re.compile(r"^(\S+) -+ (\d+\.\d+)s$", re.M)
+#: profile_tasks' summary: "role : task name ---- 1.23s" (the slowest TASK_LIMIT tasks);
+#: a name with a space in it (a role's line in profile_roles' summary has none).
+TASK_TIME = re.compile(r"^(\S[^\n]*? [^\n]*?) -{3,} (\d+\.\d+)s$", re.M)
+TASK_LIMIT = 25
+COUNTS = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=\d+\s+unreachable=\d+\s+failed=\d+\s+"
+                    r"skipped=(\d+)", re.M)
+#: Both profiles: seconds per role and the slowest tasks, in the deploy's output.
+PROFILE_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_roles,ansible.posix.profile_tasks",
+               "PROFILE_TASKS_TASK_OUTPUT_LIMIT": str(TASK_LIMIT)}
 TASK = re.compile(r"^TASK \[(.+?)\] \**$", re.M)
 
 
@@ -79,14 +89,32 @@ def make(*args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
     return timed(["make", "--no-print-directory", *args], env)
 
 
+def profile(output: str) -> dict[str, Any]:
+    """A profiled deploy's seconds per role, its slowest tasks, and per host the tasks run
+    (ok) and skipped (PLAY RECAP)."""
+    return {"roles_s": {r: float(t) for r, t in ROLE_TIME.findall(output)},
+            "slowest_tasks_s": [[name.strip(), float(t)] for name, t in TASK_TIME.findall(output)],
+            "tasks": {host: {"ok": int(ok), "skipped": int(skipped)}
+                      for host, ok, skipped in COUNTS.findall(output)}}
+
+
+def rerun_profile() -> dict[str, Any]:
+    """The lab as it is: one deploy to converge it, then the idempotent re-run, profiled."""
+    make("deploy")
+    env = dict(os.environ, **PROFILE_ENV)
+    wall, out = make("deploy", env=env)
+    return {"rerun_s": round(wall, 1), "rerun_changed": [int(c) for c in RECAP.findall(out)],
+            **profile(out)}
+
+
 def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
     apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     make("undeploy", "PURGE=1")
     install_s, _ = timed(["apt-get", "install", "-y", "-q", *pkgs], apt_env)
     make("undeploy", "PURGE=1")
-    profile_env = dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_roles")
+    profile_env = dict(os.environ, **PROFILE_ENV)
     fresh_s, fresh_out = make("deploy", env=profile_env)
-    rerun_s, rerun_out = make("deploy")
+    rerun_s, rerun_out = make("deploy", env=profile_env)
     changed = [int(c) for c in RECAP.findall(rerun_out)]
     ratio = fresh_s / install_s
     return {
@@ -94,6 +122,8 @@ def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
         "package_install_s": round(install_s, 1),
         "fresh_deploy_s": round(fresh_s, 1),
         "fresh_deploy_roles_s": {r: float(s) for r, s in ROLE_TIME.findall(fresh_out)},
+        "fresh_profile": profile(fresh_out),
+        "rerun_profile": profile(rerun_out),
         "rerun_s": round(rerun_s, 1),
         "rerun_changed": changed,
         "rerun_changed_tasks": changed_tasks(rerun_out),
@@ -108,7 +138,18 @@ def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    parser.add_argument("--rerun-only", action="store_true",
+                        help="profile the idempotent re-run of the lab as it is (no purge): "
+                             "deploy-rerun.json")
     args = parser.parse_args()
+    if args.rerun_only:
+        figures = rerun_profile()
+        written = record.write("deploy-rerun", figures)
+        print(json.dumps({k: v for k, v in figures.items() if k != "slowest_tasks_s"}, indent=1))
+        for name, took in figures["slowest_tasks_s"]:
+            print(f"{took:6.2f} s  {name}")
+        print(f"wrote {written.relative_to(ROOT)}")
+        return 0
     pkgs = packages()
     if args.dry_run:
         print("packages:", " ".join(pkgs))
