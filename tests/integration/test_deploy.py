@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import deploy as deploy_bench
 from pyhpc import cluster, paths
 
 pytestmark = pytest.mark.integration
@@ -162,6 +163,25 @@ def test_second_deploy_changes_nothing(redeploys: list[subprocess.CompletedProce
     for host, _ok, changed, unreachable, failed in recap:
         assert (changed, unreachable, failed) == ("0", "0", "0"), f"{host}: {recap}"
     assert "RUNNING HANDLER" not in redeploys[-1].stdout
+
+
+#: Tasks an idempotent re-run of the lab's definition runs (ok) and skips, per host, as
+#: last recorded (`python -m benchmarks.deploy --rerun-only` prints them, with each task's
+#: time). A re-run that runs more fails here: each task costs every deploy about 0.2 s.
+#: Lower the record when a change removes tasks; raise it only with a reason in the commit.
+RERUN_TASKS = {"localhost": {"ok": 188, "skipped": 68}}
+
+
+def test_the_rerun_runs_no_more_tasks_than_recorded(
+        redeploys: list[subprocess.CompletedProcess[str]]) -> None:
+    counts = deploy_bench.profile(redeploys[-1].stdout)["tasks"]
+    print(f"idempotent re-run: {counts} (recorded: {RERUN_TASKS})")
+    assert counts.keys() == RERUN_TASKS.keys(), counts
+    for host, got in counts.items():
+        want = RERUN_TASKS[host]
+        assert got["ok"] <= want["ok"] and got["ok"] + got["skipped"] <= want["ok"] + want["skipped"], (
+            f"{host}: the re-run runs {got['ok']} tasks and skips {got['skipped']}; recorded "
+            f"{want['ok']} and {want['skipped']} (RERUN_TASKS)")
 
 
 def test_changed_config_restarts_only_the_daemons_it_affects(
