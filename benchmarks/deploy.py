@@ -116,13 +116,14 @@ def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
     fresh_s, fresh_out = make("deploy", env=profile_env)
     rerun_s, rerun_out = make("deploy", env=profile_env)
     changed = [int(c) for c in RECAP.findall(rerun_out)]
+    fresh = profile(fresh_out)
     ratio = fresh_s / install_s
     return {
         "packages": pkgs,
         "package_install_s": round(install_s, 1),
         "fresh_deploy_s": round(fresh_s, 1),
-        "fresh_deploy_roles_s": {r: float(s) for r, s in ROLE_TIME.findall(fresh_out)},
-        "fresh_profile": profile(fresh_out),
+        "fresh_deploy_roles_s": fresh["roles_s"],
+        "fresh_profile": fresh,
         "rerun_profile": profile(rerun_out),
         "rerun_s": round(rerun_s, 1),
         "rerun_changed": changed,

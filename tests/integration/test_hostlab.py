@@ -98,6 +98,11 @@ def on(host: str, *cmd: str) -> str:
     return proc.stdout.strip()
 
 
+def address(host: str) -> str:
+    """The host's address on the hostlab network."""
+    return on(host, "hostname", "-I").split()[0]
+
+
 def status() -> dict[str, dict[str, Any]]:
     proc, _ = _run([*HOSTLAB, "status", "--json"])
     return {row["host"]: row for row in json.loads(proc.stdout)}

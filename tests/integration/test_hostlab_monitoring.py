@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative, no package).
-from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, on, run_on
+from test_hostlab import COMPUTE, HOSTLAB, SKIP, _run, address, on, run_on
 from test_hostlab_life import converge, node_states, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
@@ -27,10 +27,6 @@ PORTS = {"node": 9100, "slurm": 9810, "jobs": 9811, "prometheus": 9090}
 #: Asks ctl's Prometheus from the login host (Python's standard library: no curl needed).
 ASK = ("import json, sys, urllib.request; "
        "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())")
-
-
-def address(host: str) -> str:
-    return on(host, "hostname", "-I").split()[0]
 
 
 def api(path: str) -> Any:

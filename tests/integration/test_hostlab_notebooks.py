@@ -25,7 +25,7 @@ import pytest
 from browser import chromium
 
 # pytest puts this directory on sys.path (rootdir-relative, no package).
-from test_hostlab import COMPUTE, SKIP, on, run_on
+from test_hostlab import COMPUTE, SKIP, address, on, run_on
 from test_hostlab_life import converge
 from test_hub import login, run_notebook_1, spawn, wait_for
 
@@ -51,10 +51,6 @@ NO_ASSOCIATION = ("import sys; from pyhpc import cluster; "
                   "directory.delete(d, [directory.user_dn(d, name), directory.group_dn(d, group)]) "
                   "if password == 'delete' else directory_sync.add_members("
                   "d, group, [name], 'pyhpc: integration test', {name: password})")
-
-
-def address(host: str) -> str:
-    return on(host, "hostname", "-I").split()[0]
 
 
 @pytest.fixture(scope="module")
