@@ -42,6 +42,8 @@ TOP_KEYS = {
     "accounting": "true or false",
     "container_runtime": f"one of {', '.join(RUNTIMES)}",
     "tuning": f"one of {', '.join(TUNINGS)} (slurm.conf; docs/tuning.md)",
+    "slurmd_timeout": "seconds without word from a node's slurmd before slurmctld marks it "
+                      "DOWN (slurm.conf SlurmdTimeout; default 300)",
     "lab": "settings for mode: lab",
     "nodes": "list of node groups",
     "partitions": "list of partitions",
@@ -89,6 +91,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # Unprivileged: the proxy runs as the hub's own user.
     "port": (1024, 65535),
     "idle_timeout_min": (1, 7 * 24 * 60),
+    # Slurm reads the value as a 16-bit count of seconds; below 10 a busy node flaps.
+    "slurmd_timeout": (10, 65533),
 }
 #: Ports the hub keeps for itself on the login host (its API, the proxy's API) and
 #: Slurm's daemons (slurmctld, slurmd, slurmdbd): the hub's public port is none of them.
@@ -147,6 +151,7 @@ class Cluster:
     accounts: tuple[Account, ...] = field(default_factory=tuple)
     directory: Directory | None = None
     tuning: str = "default"
+    slurmd_timeout: int = 300
     monitoring: Monitoring = field(default_factory=Monitoring)
     jupyterhub: JupyterHub | None = None
 
@@ -343,6 +348,7 @@ def parse(data: Any, ram_mb: int | None = None) -> Cluster:
         accounts=parse_accounts(data.get("accounts", []), MAX_ITEMS),
         directory=directory,
         tuning=choice("tuning", data.get("tuning", "default"), TUNINGS),
+        slurmd_timeout=_int("slurmd_timeout", data.get("slurmd_timeout", 300)),
         monitoring=parse_monitoring(data.get("monitoring"), mode,
                                     range(base_port, base_port + len(nodes)) if mode == "lab"
                                     else range(0)),

@@ -4,8 +4,8 @@ node_exporter on every host, pyhpc's Slurm exporter on login and a job exporter 
 compute host, each at the host's own address (monitoring.listen default: the
 default-route address on the pyhpc-hostlab network), none on every interface; a compute
 host that stops makes ExporterDown fire for it within minutes, and SlurmNodeDown once
-slurmctld has marked the node down (SlurmdTimeout, 300 s, then 30 s: hostlab's
-definition sets alert_for); started again, the node returns (ReturnToService=2) and the
+slurmctld has marked the node down (hostlab's definition sets slurmd_timeout, 60 s,
+and alert_for, 30 s); started again, the node returns (ReturnToService=2) and the
 alerts resolve. Passed on hostlab: 4 tests in 17 min (before alert_for was set).
 """
 from __future__ import annotations

@@ -86,6 +86,8 @@ BAD = [
     ("accounts.0.users", "root", "accounts[0].users: must be a list of at most 4096 names, got 'root'"),
     ("tuning", "fast", "tuning: 'fast' is not allowed; allowed: default, high_throughput"),
     ("tuning", None, "tuning: None is not allowed; allowed: default, high_throughput"),
+    ("slurmd_timeout", 5, "slurmd_timeout: must be an integer from 10 to 65533, got 5"),
+    ("slurmd_timeout", "60", "slurmd_timeout: must be an integer from 10 to 65533, got '60'"),
     # Words Slurm's parsers give a meaning of their own, per field, in any case.
     ("nodes.1", {"name": "default", "cpus": 1, "memory_mb": 1},
      "nodes[1].name: 'default' is a word Slurm reserves in node names (NodeName=DEFAULT sets"),
@@ -170,6 +172,11 @@ def test_tuning_defaults_to_default_and_reaches_the_json() -> None:
     assert cluster.load(LAB).tuning == "default"
     data = edit("tuning", "high_throughput")
     assert cluster.parse(data).to_dict()["tuning"] == "high_throughput"
+
+
+def test_slurmd_timeout_defaults_to_slurms_300_and_reaches_the_json() -> None:
+    assert cluster.load(LAB).slurmd_timeout == 300
+    assert cluster.parse(edit("slurmd_timeout", 60)).to_dict()["slurmd_timeout"] == 60
 
 
 def test_ddl256_is_64_servers_of_4_gpus_with_the_labs_accounts() -> None:
