@@ -12,8 +12,8 @@ from pyhpc import paths
 PACKAGE = paths.ROOT / "pyhpc"
 #: Top to bottom. A module may import from its own folder or from a layer below its own.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "__main__", "container_run", "jupyter", "meter"),  # entry points: the API,
-    # python -m names, pyhpc.meter (the public name of train.meter)
+    ("__init__", "__main__", "container_run", "jupyter", "meter", "pins"),  # entry points: the API,
+    # python -m names, pyhpc.meter (the public name of train.meter), the deploy's pins check
     ("cli",),
     ("train", "bench", "admin", "containers", "monitor"),  # the domain
     ("hub",),  # JupyterHub's side: the form, its checks, the server's script, the hub's API
