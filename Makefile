@@ -19,18 +19,27 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-hostlab bench-monitoring containers clean \
+.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-hostlab bench-monitoring containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-venv: $(VENV)/.stamp ## Create the control-node virtualenv (reruns only when requirements change).
+venv: $(VENV)/.stamp ## Create the virtualenv for tests and benchmarks (reruns only when requirements change).
 
-$(VENV)/.stamp: requirements/runtime.txt requirements/dev.txt requirements/hub.txt requirements/singleuser.txt pyproject.toml
+venv-deploy: $(VENV)/.stamp-deploy ## The same virtualenv with only what a deploy needs (Ansible, the validator's imports).
+
+# One virtualenv, two stamps: `make deploy` on a new machine installs requirements/deploy.txt
+# (about 30 s), not the runtime and test tools of dev.txt (torch among them).
+$(VENV)/.stamp-deploy: requirements/deploy.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements/dev.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -m pip install -q -r requirements/deploy.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -c "import ansible, pyhpc.cluster"
+	touch $@
+
+$(VENV)/.stamp: $(VENV)/.stamp-deploy requirements/runtime.txt requirements/dev.txt requirements/hub.txt requirements/singleuser.txt
+	$(PY) -m pip install -q -r requirements/dev.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -c "import torch, submitit, ansible, pyhpc"
 	touch $@
 
@@ -58,12 +67,12 @@ DEPLOY_LOG ?= .deploy/deploy.log
 ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e pyhpc_cluster_file=$(abspath $(CLUSTER))
 
 # site.yml's first play validates the definition (the deploy's one check) before any host changes.
-deploy: venv ## Deploy the lab (or INVENTORY=dir for a real cluster; CLUSTER=file overrides its cluster.yml).
+deploy: venv-deploy ## Deploy the lab (or INVENTORY=dir for a real cluster; CLUSTER=file overrides its cluster.yml).
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	@echo "=== make deploy INVENTORY=$(INVENTORY) CLUSTER=$(CLUSTER) ($$(date -u +%FT%TZ))" >> $(DEPLOY_LOG)
 	$(ANSIBLE_PLAYBOOK) $(ANSIBLE_FLAGS) ansible/site.yml 2>&1 | tee -a $(DEPLOY_LOG)
 
-undeploy: venv ## Every role absent: stop every pyhpc daemon; PURGE=1 also removes packages, state, database, keys, /opt/pyhpc/{venv,src}.
+undeploy: venv-deploy ## Every role absent: stop every pyhpc daemon; PURGE=1 also removes packages, state, database, keys, /opt/pyhpc/{venv,src}.
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	$(ANSIBLE_PLAYBOOK) -e pyhpc_purge=$(if $(PURGE),true,false) $(ANSIBLE_FLAGS) ansible/undeploy.yml 2>&1 | tee .deploy/undeploy.log
 
@@ -73,7 +82,7 @@ status: venv ## Check the running cluster (pyhpc doctor): munge, slurmctld, slur
 # Always an (idempotent) deploy rather than "deploy if doctor fails": it also
 # starts a daemon that died and syncs /opt/pyhpc/src, the copy jobs import pyhpc
 # from, with this checkout; on a healthy lab it changes nothing (about 30 s).
-lab-up: venv ## Bring the lab up (an idempotent deploy of the lab inventory).
+lab-up: venv-deploy ## Bring the lab up (an idempotent deploy of the lab inventory).
 	$(MAKE) --no-print-directory deploy INVENTORY=ansible/inventories/lab CLUSTER=ansible/inventories/lab/cluster.yml
 
 bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages alone, and an idempotent re-run (purges the lab).
@@ -127,7 +136,7 @@ hostlab: ## hostlab-image + hostlab-up + hostlab-deploy: a multi-host Slurm clus
 	$(MAKE) --no-print-directory hostlab-up
 	$(MAKE) --no-print-directory hostlab-deploy
 
-hostlab-deploy: venv ## Run ansible/site.yml against the hostlab hosts (as `make deploy` does a real cluster's).
+hostlab-deploy: venv-deploy ## Run ansible/site.yml against the hostlab hosts (as `make deploy` does a real cluster's).
 	$(MAKE) --no-print-directory deploy INVENTORY=$(HOSTLAB_INVENTORY) \
 		CLUSTER=$(HOSTLAB_INVENTORY)/cluster.yml DEPLOY_LOG=.deploy/hostlab-deploy.log
 
