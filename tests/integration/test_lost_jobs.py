@@ -20,6 +20,7 @@ import os
 import pwd
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,22 @@ def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
     return anchor, train, plain
 
 
+def lost_after_the_crash(watch: subprocess.CompletedProcess[str], train: str) -> list[str]:
+    """The jobs `pyhpc status --watch --json` (`watch`) ended as LOST; the train job among them.
+
+    The train job: accounting holds it open (a runaway record), pyhpc has its record: LOST.
+    The plain jobs were killed with slurmctld before it sent accounting their first record,
+    or after: LOST (open record) or NOT_FOUND (no record, and pyhpc did not submit them, so
+    nothing shows they were ever accepted). None is alive; the watch ends, non-zero, with
+    one line naming `pyhpc resubmit`."""
+    states = json.loads(watch.stdout)
+    assert states[train] == "LOST" and watch.returncode != 0, states
+    assert set(states.values()) <= {"LOST", "NOT_FOUND", "COMPLETED"}, states
+    message = [line for line in watch.stderr.splitlines() if "error" in line]
+    assert len(message) == 1 and "pyhpc resubmit" in message[0], watch.stderr
+    return sorted(j for j, s in states.items() if s == "LOST")
+
+
 def test_after_a_controller_crash_every_job_runs_or_is_lost_and_comes_back(work: Path) -> None:  # noqa: F811
     run = work / "run"
     # Runaway records an earlier, interrupted run of this test left: Slurm's own tool closes them.
@@ -127,16 +144,7 @@ def test_after_a_controller_crash_every_job_runs_or_is_lost_and_comes_back(work:
     # The researcher: every job ends, the lost ones in one line each, exit non-zero.
     proc = pyhpc(work, "status", *ids[1:], "--watch", "--interval", "1", "--json", check=False)
     print(proc.stdout, proc.stderr)
-    states = json.loads(proc.stdout)
-    # The train job: accounting holds it open (a runaway record), pyhpc has its record: LOST.
-    # The plain jobs were killed with slurmctld before it sent accounting their first
-    # record, or after: LOST (open record) or NOT_FOUND (no record, and pyhpc did not
-    # submit them, so nothing shows they were ever accepted). None is alive or finished.
-    assert states[train] == "LOST" and proc.returncode != 0, states
-    assert set(states.values()) <= {"LOST", "NOT_FOUND", "COMPLETED"}, states
-    lost = sorted(j for j, s in states.items() if s == "LOST")
-    message = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert len(message) == 1 and "pyhpc resubmit" in message[0], proc.stderr
+    lost = lost_after_the_crash(proc, train)
     one = pyhpc(work, "status", train, check=False)
     assert one.returncode != 0 and one.stdout.split() == [train, "LOST"]
     assert len(one.stderr.strip().splitlines()) == 1 and "restarted" in one.stderr
