@@ -50,7 +50,8 @@ DOCUMENTATION = """
 
 
 class Connection(Podman):
-    transport = "pyhpc_podman"
+    # transport stays the collection's: ansible.posix.synchronize knows podman by it and
+    # copies with `podman exec -i` (the options below keep their names for it).
     has_pipelining = True
 
     def __init__(self, *args: object, **kwargs: object) -> None:
