@@ -1,10 +1,11 @@
 """``pyhpc doctor``: check a running cluster through the commands a user runs.
 
 Munge round-trip, slurmctld and slurmdbd answer, every node idle, a 2-node
-``srun`` lands on two distinct nodes and ``sacct`` records it, and where the definition's
-container runtime has an image, that image starts on a compute node exactly as the
-``container`` template starts its tasks (:mod:`pyhpc.containers.run`), so a runtime that
-cannot start (crun on a hybrid cgroup host, say) shows here, not in a researcher's job. Each check is a
+``srun`` (in the default partition, or the first with two nodes) lands on two distinct
+nodes and ``sacct`` records it, and where the definition's container runtime has an
+image, that image starts on a compute node exactly as the ``container`` template starts
+its tasks (:mod:`pyhpc.containers.run`), so a runtime that cannot start (crun on a hybrid
+cgroup host, say) shows here, not in a researcher's job. Each check is a
 real command (run through :mod:`pyhpc.slurm.slurm`); a check that needs a failed one is
 skipped and names what it waits for. Jobs run without slurmdbd, so the 2-node job
 needs only the controller and the nodes; only the accounting check needs slurmdbd. Where
@@ -109,10 +110,20 @@ class Doctor:
                          "not idle: " + ", ".join(f"{n} ({s})" for n, s in busy.items()))
         return Check("nodes idle", True, f"{len(states)} idle: {', '.join(states)}")
 
+    def two_node_partition(self) -> str:
+        """The default partition where it has two nodes, else the first that has (a job
+        asking a partition for more nodes than it has would pend, not fail); the default
+        where none has (the job then fails in Slurm's one line)."""
+        parts = (self.cluster.default_partition, *self.cluster.partitions)
+        return next((p.name for p in parts if len(p.nodes) >= 2), parts[0].name)
+
     def srun(self) -> Check:
-        proc = slurm.srun(["--nodes=2", "--ntasks-per-node=1", "--time=1",
-                           "--job-name=pyhpc-doctor", f"--chdir={STEP_DIR}", "sh", "-c",
-                           'echo "$SLURM_JOB_ID $SLURMD_NODENAME"'])
+        try:
+            proc = slurm.srun([f"--partition={self.two_node_partition()}", "--nodes=2",
+                               "--ntasks-per-node=1", "--time=1", "--job-name=pyhpc-doctor",
+                               f"--chdir={STEP_DIR}", "sh", "-c", 'echo "$SLURM_JOB_ID $SLURMD_NODENAME"'])
+        except slurm.SlurmError as exc:  # no answer in time: the report goes on
+            return Check("srun -N2", False, str(exc))
         if proc.returncode != 0:
             return Check("srun -N2", False, f"srun: {_why(proc)}")
         lines = [line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2]
@@ -148,11 +159,14 @@ class Doctor:
             return Check("container", True, f"{runtime}: no image at {image} yet (make containers "
                          "builds it); nothing to start")
         # From /, with a safe import path: root's step never runs where users can write.
-        proc = slurm.srun(["--nodes=1", "--ntasks=1", f"--time={CONTAINER_MINUTES}",
-                           "--job-name=pyhpc-doctor-container", "--chdir=/", str(PYTHON), "-P", "-m",
-                           "pyhpc.container_run", "--runtime", runtime, "--image", str(image),
-                           "--workdir", "/", "--probe", "--", "sh", "-c", SELFTEST],
-                          timeout_s=CONTAINER_MINUTES * 60 + 30)
+        try:
+            proc = slurm.srun(["--nodes=1", "--ntasks=1", f"--time={CONTAINER_MINUTES}",
+                               "--job-name=pyhpc-doctor-container", "--chdir=/", str(PYTHON), "-P",
+                               "-m", "pyhpc.container_run", "--runtime", runtime, "--image",
+                               str(image), "--workdir", "/", "--probe", "--", "sh", "-c", SELFTEST],
+                              timeout_s=CONTAINER_MINUTES * 60 + 30)
+        except slurm.SlurmError as exc:
+            return Check("container", False, str(exc))
         lines = proc.stdout.splitlines()
         said = next((line for line in lines if line.startswith("pyhpc: ")), None)
         if proc.returncode != 0:

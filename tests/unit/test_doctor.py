@@ -1,6 +1,8 @@
 """pyhpc doctor's verdicts from faked command output (the real run is in tests/integration)."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from pyhpc.admin.doctor import Doctor, table
@@ -111,3 +113,26 @@ def test_slurmdbd_down_blames_only_accounting(checks, fake_slurm) -> None:
     assert result["sacct"].ok is False and "slurmdbd does not answer" in result["sacct"].detail
     assert "controller or nodes" not in table(list(result.values()))
     assert any(c[0] == "srun" for c in fake_slurm.calls)
+
+
+def test_the_two_node_job_asks_a_partition_that_has_two_nodes(fake_slurm, image) -> None:
+    """hostlab's default partition has one node: a 2-node job there would pend for ever."""
+    from pyhpc import cluster, paths
+
+    fake_slurm.answers.update({**HEALTHY, "srun": srun_answers()})
+    hostlab = cluster.load(paths.ROOT / "ansible" / "inventories" / "hostlab" / "cluster.yml")
+    for definition, partition in ((hostlab, "gpu"), (cluster.load(paths.LAB_CLUSTER), "cpu")):
+        fake_slurm.calls.clear()
+        Doctor(sacct_wait=0, runtime="podman", images={"podman": image}, the_cluster=definition).checks()
+        job = next(c for c in fake_slurm.calls if c[0] == "srun" and "--nodes=2" in c)
+        assert f"--partition={partition}" in job, job
+
+
+def test_a_step_that_never_answers_fails_its_check_and_the_report_goes_on(checks) -> None:
+    def hang(argv):
+        raise subprocess.TimeoutExpired(argv, 90)
+
+    result = {c.name: c for c in checks(srun=hang)}
+    assert result["srun -N2"].ok is False and "no answer within" in result["srun -N2"].detail
+    assert result["container"].ok is False and "no answer within" in result["container"].detail
+    assert "runaway" in " ".join(result)  # the checks after it still ran
