@@ -50,7 +50,7 @@ def job_id(value: str, where: str = "job_id") -> str:
 
 def submit(user: str, script: str) -> str:
     """``sbatch --parsable`` as ``user``, the script on stdin; its job id."""
-    proc = slurm.run(argv(user, "sbatch", "--parsable"), stdin=script)
+    proc = slurm.run(argv(user, "sbatch", "--parsable"), stdin=script, submits=True)
     lines = proc.stdout.strip().splitlines()
     return job_id(lines[-1].split(";")[0] if lines else "", "sbatch")
 

@@ -33,6 +33,10 @@ TRANSIENT = ("Socket timed out", "Resource temporarily unavailable",
              "Unable to contact slurm controller")
 RETRIES = 3
 BACKOFF_S = 0.5
+#: Of those, the ones where slurmctld may have carried the request out and only its answer
+#: was lost: a submission is never sent again on these (seen on hostlab under load: one
+#: sbatch, retried after "Socket timed out", left two jobs).
+AMBIGUOUS = ("Socket timed out",)
 #: Pending reasons after which a job can never start without a change by someone: the
 #: request itself exceeds a limit. Reasons that clear by themselves are not here:
 #: ReqNodeNotAvail (a node down or restarting comes back) and AssocMaxJobsLimit (other
@@ -66,8 +70,11 @@ CALLS: collections.Counter[str] = collections.Counter()
 
 
 def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
-        timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """Run one command through :data:`RUNNER`, retrying while slurmctld is busy."""
+        timeout_s: float = TIMEOUT_S, submits: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run one command through :data:`RUNNER`, retrying while slurmctld is busy.
+
+    ``submits``: the command creates something (sbatch); it is sent again only where
+    slurmctld never got it, never after an :data:`AMBIGUOUS` failure."""
     proc: subprocess.CompletedProcess[str] | None = None
     for attempt in range(RETRIES + 1):
         CALLS[argv[0]] += 1
@@ -79,6 +86,12 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{argv[0]}: no answer within {timeout_s:.0f} s", argv[0]) from None
         if proc.returncode == 0 or not any(t in proc.stderr for t in TRANSIENT):
+            break
+        if submits and any(t in proc.stderr for t in AMBIGUOUS):
+            if check:
+                raise SlurmError(f"{argv[0]}: {why(proc)}; slurmctld may have accepted the job "
+                                 "all the same: look for it with squeue --me before submitting "
+                                 "again", argv[0])
             break
         if attempt < RETRIES:
             time.sleep(BACKOFF_S * 2 ** attempt)
@@ -111,7 +124,7 @@ def sbatch(script: str, options: Sequence[str] = (), test_only: bool = False) ->
     """Submit ``script``; returns the job id, or sbatch's verdict with ``test_only``."""
     argv = ["sbatch", "--parsable", *(["--test-only"] if test_only else []), *options, "--",
             script]
-    proc = run(argv)
+    proc = run(argv, submits=not test_only)
     if test_only:
         return proc.stderr.strip()
     return proc.stdout.strip().split(";")[0]

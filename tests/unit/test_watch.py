@@ -257,3 +257,18 @@ def test_array_tasks_gone_from_squeue_merge_with_their_sacct_states(fake_slurm, 
     tracker.poll()
     assert tracker.states() == {"7": "FAILED"}
     assert [c[0] for c in fake_slurm.calls] == ["squeue", "squeue", "sacct", "squeue"]
+
+
+def test_a_submission_whose_answer_was_lost_is_not_sent_again(fake_slurm) -> None:
+    """"Socket timed out": slurmctld may have taken the job; a second sbatch would be a second job."""
+    answers = iter([(1, "", "sbatch: error: Socket timed out on send/recv operation"), (0, "6\n")])
+    fake_slurm.answers["sbatch"] = lambda argv: next(answers)
+    with pytest.raises(slurm.SlurmError, match=r"^sbatch: .*Socket timed out.*; slurmctld may have "
+                                               r"accepted the job all the same: look for it with "
+                                               r"squeue --me before submitting again$"):
+        slurm.sbatch("/tmp/job.sh")
+    assert [c[0] for c in fake_slurm.calls] == ["sbatch"]
+    # Where slurmctld never got it, the submission is sent again.
+    answers = iter([(1, "", "sbatch: error: Unable to contact slurm controller"), (0, "7\n")])
+    assert slurm.sbatch("/tmp/job.sh") == "7"
+    assert [c[0] for c in fake_slurm.calls] == ["sbatch"] * 3
