@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pyhpc import pins as pyhpc_pins
 from pyhpc.cli import main as cli
 from pyhpc.containers import build as container_build
 from pyhpc.containers import spec as containers
@@ -69,14 +70,9 @@ def test_labels_carry_every_pinned_version(fmt: str) -> None:
 
 
 def test_spec_pins_equal_runtime_requirements(repo_root: Path) -> None:
-    pins = {}
-    for line in (repo_root / "requirements/runtime.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[name] = version
+    runtime = dict(pyhpc_pins.pins(repo_root / "requirements/runtime.txt"))
     assert containers.variant("cpu").requirements == "".join(
-        f"{k}=={v}\n" for k, v in sorted(pins.items()))
+        f"{k}=={v}\n" for k, v in sorted(runtime.items()))
 
 
 def test_cpu_variant_takes_torch_from_cpu_wheels_only() -> None:
