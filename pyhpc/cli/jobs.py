@@ -182,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{report.summary_text(result['summary'])}" if "state" in result else json.dumps(result))
     if result.get("state", "COMPLETED") != "COMPLETED":
         text += f"\n  job output     pyhpc logs {result['job_id']}"
-        why = out_of_memory(result["job_id"], cfg)
+        why = out_of_memory(result["job_id"], cfg, Path(args.folder.replace("%j", result["job_id"])))
         if why:
             result["why"] = why
             text += f"\n  {why}"
@@ -194,16 +194,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if result.get("state", "COMPLETED") == "COMPLETED" else 1
 
 
-def out_of_memory(job_id: str, cfg: trainconfig.TrainConfig) -> str | None:
+def out_of_memory(job_id: str, cfg: trainconfig.TrainConfig, log_dir: Path | None = None) -> str | None:
     """One line when Slurm's cgroup killed a task of the job for memory, with what to do:
-    split the model over more pipeline stages (each holds a part), or ask for more."""
-    states = slurm.step_states(job_id)
-    if "OUT_OF_MEMORY" not in states.values():
-        return None
+    split the model over more pipeline stages (each holds a part), or ask for more.
+    Accounting says so for a step on one node; for a step across nodes, whose killed task's
+    peers then fail, srun's own line in the job's log (``log_dir``) does."""
+    if "OUT_OF_MEMORY" in slurm.step_states(job_id).values():
+        seen = "OUT_OF_MEMORY"
+    else:
+        tasks = _submit.oom_killed_tasks(log_dir) if log_dir is not None else []
+        if not tasks:
+            return None
+        seen = f"srun: {', '.join(tasks)} Out Of Memory"
     split = (f"split the model with --pipeline {cfg.pipeline * 2} --model deep"
              if cfg.model == "deep" or cfg.pipeline > 1 else "use a smaller --batch-size")
     return (f"out of memory: Slurm's cgroup killed a task of job {job_id} for using more memory "
-            f"than it holds (OUT_OF_MEMORY); {split}, or give each task more memory")
+            f"than it holds ({seen}); {split}, or give each task more memory")
 
 
 def cmd_scale(args: argparse.Namespace) -> int:

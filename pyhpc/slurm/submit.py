@@ -387,6 +387,33 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
     return {**result, "script": str(handle.script), key: handle.job_id}
 
 
+#: srun's own line for a task the cgroup killed ("srun: error: cpu1: task 0: Out Of Memory").
+#: Accounting keeps OUT_OF_MEMORY only for a step that ended on one node: across nodes
+#: Slurm 22.05 records the step FAILED, after the killed task's peers exit 1.
+SRUN_OOM = re.compile(rb"^srun: error: (\S+): tasks? ([\d,-]+): Out Of Memory$", re.M)
+#: How much of the end of each log file is read for it.
+OOM_TAIL_BYTES = 1 << 20
+
+
+def oom_killed_tasks(log_dir: Path) -> list[str]:
+    """``node: task N`` for each task srun reported killed for memory, from the ends of the
+    job's own ``*_log.err`` files in ``log_dir`` (regular files only, links never followed)."""
+    found: list[str] = []
+    for path in sorted(log_dir.glob("*_log.err")) if log_dir.is_dir() else []:
+        fh, _ = files.try_open_regular(path)
+        if fh is None:
+            continue
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - OOM_TAIL_BYTES))
+            data = fh.read(OOM_TAIL_BYTES)
+        for node, tasks in SRUN_OOM.findall(data):
+            line = f"{node.decode(errors='replace')}: task {tasks.decode()}"
+            if line not in found:
+                found.append(line)
+    return found
+
+
 def job_logs(job_id: str) -> list[Path]:
     """A job's output files: what Slurm says (StdOut, StdErr), then submitit's logs."""
     fields = slurm.show_job(job_id)

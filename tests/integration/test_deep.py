@@ -52,6 +52,25 @@ def test_a_model_too_deep_for_one_rank_is_killed_and_pyhpc_suggests_a_pipeline(w
                      "--model deep, or give each task more memory"]
 
 
+def test_a_stage_killed_for_memory_in_a_job_across_nodes_is_the_same_one_line(work: Path) -> None:
+    """4 stages over 2 nodes, too deep for them: the cgroup kills a stage's task, its peers on
+    the other node then fail on the closed connection, and Slurm 22.05's accounting calls the
+    step FAILED, not OUT_OF_MEMORY. pyhpc still names the kill (then from srun's own line)."""
+    run = work / "four-too-deep"
+    deep = [*DEEP[:2], "--layers", "800", *DEEP[4:]]
+    proc = pyhpc(work, "train", *deep, "--pipeline", "4", "--nodes", "2", "--tasks-per-node", "2",
+                 "--epochs", "1", "--out", str(run), "--wait", check=False)
+    print(proc.stdout, proc.stderr)
+    assert proc.returncode == 1
+    job = re.match(r"job (\d+) FAILED", proc.stdout)
+    assert job, proc.stdout
+    lines = [line.strip() for line in proc.stdout.splitlines() if "out of memory" in line]
+    assert len(lines) == 1, proc.stdout
+    assert lines[0].startswith(f"out of memory: Slurm's cgroup killed a task of job {job.group(1)} ")
+    assert lines[0].endswith("split the model with --pipeline 8 --model deep, or give each task more memory")
+    assert "no epoch reached" not in proc.stdout
+
+
 def test_the_same_model_trains_split_over_two_stages_of_a_node(work: Path) -> None:
     run = work / "two-stages"
     proc = pyhpc(work, "train", *DEEP, "--pipeline", "2", "--epochs", "2", "--out", str(run), "--wait")

@@ -252,3 +252,36 @@ def test_a_training_job_killed_for_memory_is_one_line_that_suggests_a_pipeline(f
                    "each task more memory")
     fake_slurm.answers["sacct"] = (0, "181|FAILED\n181.0|FAILED\n")
     assert jobs.out_of_memory("181", TrainConfig(out=str(tmp_path))) is None
+
+
+#: Job 254's step log on the lab (4 stages over 2 nodes, depth 600): task 0 was killed, and
+#: its peers failed on the closed gloo connection, so accounting says FAILED, not OUT_OF_MEMORY.
+STEP_ACROSS_NODES_LOG = (
+    "slurmstepd-cpu1: error: Detected 1 oom-kill event(s) in StepId=254.0. Some of your processes "
+    "may have been killed by the cgroup out-of-memory handler.\n") + """\
+srun: error: cpu1: task 0: Out Of Memory
+srun: error: cpu2: task 2: Exited with exit code 1
+srun: error: cpu2: task 3: Exited with exit code 1
+"""
+
+
+def test_a_task_killed_for_memory_in_a_step_across_nodes_is_found_in_sruns_log(fake_slurm, tmp_path) -> None:
+    from pyhpc.cli import jobs
+    from pyhpc.train.config import TrainConfig
+
+    fake_slurm.answers["sacct"] = (0, "254|FAILED\n254.batch|FAILED\n254.0|FAILED\n")
+    logs = tmp_path / "pyhpc-jobs" / "254"
+    logs.mkdir(parents=True)
+    (logs / "254_0_log.err").write_text("x" * (2 << 20) + "\n" + STEP_ACROSS_NODES_LOG)
+    (logs / "254_1_log.err").write_text("RuntimeError: Connection closed by peer\n")
+    cfg = TrainConfig(out=str(tmp_path), model="deep", layers=600, pipeline=4)
+    assert jobs.out_of_memory("254", cfg, logs) == (
+        "out of memory: Slurm's cgroup killed a task of job 254 for using more memory than it holds "
+        "(srun: cpu1: task 0 Out Of Memory); split the model with --pipeline 8 --model deep, or give "
+        "each task more memory")
+    # A planted link is never followed, and a log without srun's line is no kill.
+    (logs / "254_0_log.err").unlink()
+    (logs / "254_0_log.err").symlink_to(tmp_path / "elsewhere.err")
+    (tmp_path / "elsewhere.err").write_text(STEP_ACROSS_NODES_LOG)
+    assert jobs.out_of_memory("254", cfg, logs) is None
+    assert jobs.out_of_memory("254", cfg, tmp_path / "no-such-folder") is None
