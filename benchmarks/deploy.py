@@ -1,14 +1,18 @@
-"""Benchmark `make deploy`: fresh deploy vs. installing its Debian packages alone.
+"""Benchmark `make deploy`: a fresh deploy from a clean clone vs. a plain install.
 
-In one run: purge the cluster (`make undeploy PURGE=1`), time `apt-get install`
-of exactly the roles' package lists, purge again, time a fresh `make deploy`,
-then time an idempotent re-run. Prints the figures and writes
-benchmarks/results/deploy.json. Targets (issue 2): fresh deploy <= 1.5x the package
-install, re-run <= 60 s. This purges the lab: it is down for a few minutes and
-comes back up at the end (also when a step fails).
+In one run: purge the cluster (`make undeploy PURGE=1`), then the floor: `apt-get install`
+of every role's Debian packages for the lab's functions and a plain `pip install -r` of each
+requirements file the deploy installs (the control node's deploy.txt; the job runtime's
+runtime.txt and singleuser.txt; the hub's hub.txt), each into a new virtualenv. Purge again;
+then, on a clean `git clone` of this checkout, time `make venv-deploy` and `make deploy`
+(profiled), and the idempotent re-run there. Prints the figures and writes
+benchmarks/results/deploy.json. Targets (issue 28): the fresh deploy, `.venv` included,
+<= 180 s and <= 1.3x the plain install. This purges the lab: it is down for several minutes
+and comes back up at the end from this checkout (also when a step fails).
 
-    python -m benchmarks.deploy            # the benchmark (purges and redeploys)
-    python -m benchmarks.deploy --dry-run  # print the plan and package list only
+    python -m benchmarks.deploy              # the benchmark (purges and redeploys)
+    python -m benchmarks.deploy --dry-run    # print the plan and package list only
+    python -m benchmarks.deploy --rerun-only # profile the lab's re-run as it is
 """
 from __future__ import annotations
 
@@ -16,9 +20,12 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,8 +34,17 @@ from benchmarks import record
 
 ROOT = record.ROOT
 ROLES = ROOT / "ansible" / "roles"
-FRESH_RATIO_TARGET = 1.5
-RERUN_TARGET_S = 60.0
+FRESH_RATIO_TARGET = 1.3
+FRESH_TARGET_S = 180.0
+RERUN_TARGET_S = 20.0
+#: What the deploy pip-installs, as (virtualenv, requirements files, extra arguments): the
+#: control node's .venv, the job runtime (/opt/pyhpc/venv; singleuser.txt goes into it
+#: constrained by runtime.txt, as the hub role does) and the hub's own virtualenv.
+#: The lab's group_vars give every pip --find-links /opt/wheels (the CPU torch wheel).
+PIP_SETS = (("control", ("deploy.txt",), ()),
+            ("runtime", ("runtime.txt",), ("--find-links", "/opt/wheels")),
+            ("runtime", ("singleuser.txt",), ("-c", "runtime.txt", "--find-links", "/opt/wheels")),
+            ("hub", ("hub.txt",), ("--find-links", "/opt/wheels")))
 RECAP = re.compile(r"^\S+\s+: ok=\d+\s+changed=(\d+)", re.M)
 ROLE_TIME = re.compile(r"^(\S+) -+ (\d+\.\d+)s$", re.M)
 #: profile_tasks' summary: "role : task name ---- 1.23s" (the slowest TASK_LIMIT tasks);
@@ -54,12 +70,18 @@ def changed_tasks(output: str) -> list[str]:
 
 
 def packages() -> list[str]:
-    """The Debian packages the roles install (vars/Debian.yml of each role), in order."""
+    """The Debian packages the roles install on the lab's one host (every function's), in
+    order: each role's ``*_packages`` lists, purge lists left out."""
     names: list[str] = []
-    for role in ("munge", "slurm", "pyhpc_login"):
-        data = yaml.safe_load((ROLES / role / "vars" / "Debian.yml").read_text())
+    for role in ("munge", "slurm", "pyhpc_login", "directory", "monitoring", "jupyterhub",
+                 "containers"):
+        data: dict[str, Any] = {}
+        for name in ("defaults/main.yml", "vars/main.yml", "vars/Debian.yml"):
+            path = ROLES / role / name
+            if path.is_file():
+                data.update(yaml.safe_load(path.read_text()) or {})
         for key, value in data.items():
-            if not key.endswith("packages"):
+            if not key.endswith("_packages") or "purge" in key or key == "containers_runtime_packages":
                 continue
             groups = value.values() if isinstance(value, dict) else [value]
             names += [p for group in groups for p in group if p not in names]
@@ -85,8 +107,30 @@ def timed(argv: list[str], env: dict[str, str] | None = None,
     return wall, out
 
 
-def make(*args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
-    return timed(["make", "--no-print-directory", *args], env)
+def make(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, str]:
+    return timed(["make", "--no-print-directory", "-C", str(cwd), *args], env)
+
+
+def plain_install(pkgs: list[str], work: Path) -> dict[str, float]:
+    """The floor: apt-get install of the packages, then pip install -r of each set into a
+    new virtualenv under ``work`` (pip's cache as it is, as the deploy finds it)."""
+    apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    took = {"apt": timed(["apt-get", "install", "-y", "-q", *pkgs], apt_env)[0]}
+    reqs = ROOT / "requirements"
+    for venv, files, extra in PIP_SETS:
+        path = work / venv
+        argv = [str(path / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+        argv += [str(reqs / a) if a.endswith(".txt") else a for a in extra]
+        start = time.monotonic()
+        if not path.exists():
+            timed([sys.executable if venv == "control" else "/usr/bin/python3", "-m", "venv",
+                   str(path)])
+        for name in files:
+            timed([*argv, "-r", str(reqs / name)])
+        key = f"pip_{venv}"
+        took[key] = took.get(key, 0.0) + time.monotonic() - start
+    took["total"] = sum(took.values())
+    return {k: round(v, 1) for k, v in took.items()}
 
 
 def profile(output: str) -> dict[str, Any]:
@@ -98,41 +142,76 @@ def profile(output: str) -> dict[str, Any]:
                       for host, ok, skipped in COUNTS.findall(output)}}
 
 
+def floor(tasks: int) -> dict[str, Any]:
+    """Ansible's own cost of a task here: a playbook of ``tasks`` tasks that each run one
+    module doing almost nothing (``stat`` of one file), on the lab's inventory and
+    ansible.cfg, against the same playbook with no task (start-up)."""
+    with tempfile.TemporaryDirectory(prefix="pyhpc-bench-floor-") as tmp:
+        took = {}
+        for n in (0, tasks):
+            book = Path(tmp) / f"floor-{n}.yml"
+            plays = [{"name": "Ansible's floor", "hosts": "localhost", "gather_facts": False,
+                      "tasks": [{"name": f"stat {i}", "ansible.builtin.stat": {"path": "/etc/hostname"}}
+                                for i in range(n)]}]
+            book.write_text(yaml.safe_dump(plays))
+            took[n], _ = timed([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i",
+                                str(ROOT / "ansible" / "inventories" / "lab" / "hosts.yml"), str(book)],
+                               dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible" / "ansible.cfg")))
+    per_task = (took[tasks] - took[0]) / tasks
+    return {"tasks": tasks, "startup_s": round(took[0], 1), "playbook_s": round(took[tasks], 1),
+            "per_task_s": round(per_task, 3)}
+
+
 def rerun_profile() -> dict[str, Any]:
-    """The lab as it is: one deploy to converge it, then the idempotent re-run, profiled."""
+    """The lab as it is: one deploy to converge it, then the idempotent re-run, profiled,
+    then Ansible's floor for as many tasks as the re-run ran (side by side)."""
     make("deploy")
     env = dict(os.environ, **PROFILE_ENV)
     wall, out = make("deploy", env=env)
+    got = profile(out)
+    ran = sum(host["ok"] for host in got["tasks"].values())
     return {"rerun_s": round(wall, 1), "rerun_changed": [int(c) for c in RECAP.findall(out)],
-            **profile(out)}
+            **got, "floor": floor(ran)}
 
 
 def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
-    apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    make("undeploy", "PURGE=1")
-    install_s, _ = timed(["apt-get", "install", "-y", "-q", *pkgs], apt_env)
-    make("undeploy", "PURGE=1")
-    profile_env = dict(os.environ, **PROFILE_ENV)
-    fresh_s, fresh_out = make("deploy", env=profile_env)
-    rerun_s, rerun_out = make("deploy", env=profile_env)
+    with tempfile.TemporaryDirectory(prefix="pyhpc-bench-deploy-") as tmp:
+        work = Path(tmp)
+        make("undeploy", "PURGE=1")
+        plain = plain_install(pkgs, work / "plain")
+        shutil.rmtree(work / "plain")
+        make("undeploy", "PURGE=1")
+        clone = work / "clone"
+        timed(["git", "clone", "--quiet", str(ROOT), str(clone)])
+        profile_env = dict(os.environ, **PROFILE_ENV)
+        venv_s, _ = make("venv-deploy", cwd=clone)
+        ansible_s, fresh_out = make("deploy", env=profile_env, cwd=clone)
+        rerun_s, rerun_out = make("deploy", env=profile_env, cwd=clone)
+    fresh_s = venv_s + ansible_s
     changed = [int(c) for c in RECAP.findall(rerun_out)]
     fresh = profile(fresh_out)
-    ratio = fresh_s / install_s
+    ratio = fresh_s / plain["total"]
     return {
         "packages": pkgs,
-        "package_install_s": round(install_s, 1),
+        "plain_install_s": plain,
         "fresh_deploy_s": round(fresh_s, 1),
+        "fresh_venv_s": round(venv_s, 1),
+        "fresh_ansible_s": round(ansible_s, 1),
         "fresh_deploy_roles_s": fresh["roles_s"],
         "fresh_profile": fresh,
         "rerun_profile": profile(rerun_out),
         "rerun_s": round(rerun_s, 1),
         "rerun_changed": changed,
         "rerun_changed_tasks": changed_tasks(rerun_out),
-        "fresh_over_packages": round(ratio, 2),
-        "targets": {"fresh_over_packages_max": FRESH_RATIO_TARGET, "rerun_max_s": RERUN_TARGET_S},
-        "met": {"fresh": ratio <= FRESH_RATIO_TARGET, "rerun": rerun_s <= RERUN_TARGET_S},
-        "notes": "apt cache pre-populated (no downloads); the fresh deploy includes building "
-                 "/opt/pyhpc/venv (torch CPU wheel from /opt/wheels) after PURGE=1 removed it",
+        "fresh_over_plain": round(ratio, 2),
+        "targets": {"fresh_over_plain_max": FRESH_RATIO_TARGET, "fresh_max_s": FRESH_TARGET_S,
+                    "rerun_max_s": RERUN_TARGET_S},
+        "met": {"fresh_ratio": ratio <= FRESH_RATIO_TARGET, "fresh_s": fresh_s <= FRESH_TARGET_S,
+                "rerun": rerun_s <= RERUN_TARGET_S},
+        "notes": "apt's and pip's caches warm (no downloads here); the torch CPU wheel from "
+                 "/opt/wheels; the fresh deploy runs on a clean clone after PURGE=1 removed "
+                 "the roles' packages, state and virtualenvs; the machine's podman, Python "
+                 "and build tools stay (CI's machine has them)",
     }
 
 
@@ -154,8 +233,10 @@ def main() -> int:
     pkgs = packages()
     if args.dry_run:
         print("packages:", " ".join(pkgs))
-        print("plan: make undeploy PURGE=1; time apt-get install -y <packages>; "
-              "make undeploy PURGE=1; time make deploy; time make deploy")
+        print("plan: make undeploy PURGE=1; time apt-get install -y <packages> and pip install -r "
+              "of " + ", ".join(f for _, files, _ in PIP_SETS for f in files) + " into new "
+              "virtualenvs; make undeploy PURGE=1; git clone; time make venv-deploy and make "
+              "deploy there; time make deploy again")
         print(f"writes {record.path('deploy').relative_to(ROOT)}")
         return 0
     try:
@@ -165,9 +246,10 @@ def main() -> int:
                           check=False).returncode != 0:
             print("bench: the lab did not come back up; run make deploy", file=sys.stderr)
     written = record.write("deploy", result)
-    print(f"package install  {result['package_install_s']:7.1f} s")
-    print(f"fresh deploy     {result['fresh_deploy_s']:7.1f} s  "
-          f"({result['fresh_over_packages']}x packages; target <= {FRESH_RATIO_TARGET}x)")
+    print(f"plain install    {result['plain_install_s']['total']:7.1f} s  {result['plain_install_s']}")
+    print(f"fresh deploy     {result['fresh_deploy_s']:7.1f} s  (.venv {result['fresh_venv_s']} s; "
+          f"{result['fresh_over_plain']}x plain; targets <= {FRESH_RATIO_TARGET}x, "
+          f"<= {FRESH_TARGET_S:.0f} s)")
     print(f"re-run           {result['rerun_s']:7.1f} s  "
           f"(changed={result['rerun_changed']}; target <= {RERUN_TARGET_S:.0f} s)")
     print(f"wrote {written.relative_to(ROOT)}")

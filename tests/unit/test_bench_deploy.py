@@ -33,3 +33,21 @@ def test_a_profiled_deploy_gives_roles_slowest_tasks_and_task_counts() -> None:
 
 def test_an_unprofiled_output_gives_empty_profiles() -> None:
     assert deploy.profile("no recap here") == {"roles_s": {}, "slowest_tasks_s": [], "tasks": {}}
+
+
+def test_the_plain_install_covers_every_roles_packages_and_no_purge_list() -> None:
+    names = deploy.packages()
+    assert len(names) == len(set(names))
+    for role_has in ("munge", "slurmctld", "slurmdbd", "mariadb-server", "rsync", "slapd", "nslcd",
+                     "prometheus", "prometheus-node-exporter", "node-configurable-http-proxy",
+                     "podman", "crun"):
+        assert role_has in names
+    # containers_runtime_packages names what a runtime's .deb must provide; apptainer is
+    # not in Debian, and no role installs it from apt.
+    assert "apptainer" not in names and "enroot" not in names
+
+
+def test_the_plain_install_pips_every_requirements_file_the_deploy_installs() -> None:
+    files = {f for _, group, _ in deploy.PIP_SETS for f in group}
+    assert files == {"deploy.txt", "runtime.txt", "singleuser.txt", "hub.txt"}
+    assert all((deploy.ROOT / "requirements" / f).is_file() for f in files)
