@@ -188,8 +188,13 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
         redeploys: list[subprocess.CompletedProcess[str]]) -> None:
     """cgroup.conf concerns only slurmd, slurmdbd.conf only slurmdbd. A Debian package and
     a pinned Python package removed by hand come back, though the re-run runs apt and pip
-    only where a package is missing (site.yml's dpkg listing, pyhpc.pins)."""
+    only where a package is missing (site.yml's dpkg listing, pyhpc.pins). A directory's
+    time in the repository copy is no drift: pip's editable install and a job's __pycache__
+    add entries there (a fresh deploy's second run reported the copy changed)."""
     before = daemon_pids()
+    probe = Path("/opt/pyhpc/src/pyhpc/__pycache__-probe")
+    probe.mkdir()
+    probe.rmdir()
     for path in ("/etc/slurm/cgroup.conf", "/etc/slurm/slurmdbd.conf"):
         with open(path, "a") as conf:
             conf.write("# edited by hand\n")
@@ -197,6 +202,7 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
     sh("/opt/pyhpc/venv/bin/pip", "uninstall", "-y", "-q", "batchspawner")  # the hub's, in jobs'
     proc = make("deploy")
     assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "pyhpc_login : Copy the repository to the host" not in deploy_bench.changed_tasks(proc.stdout)
     assert sh("dpkg-query", "-W", "-f=${Status}", "debconf-utils").stdout == "install ok installed"
     assert sh("/opt/pyhpc/venv/bin/pip", "show", "batchspawner").stdout.count("Version: 1.3.0") == 1
     after = daemon_pids()
