@@ -13,6 +13,7 @@ and comes back up at the end from this checkout (also when a step fails).
     python -m benchmarks.deploy              # the benchmark (purges and redeploys)
     python -m benchmarks.deploy --dry-run    # print the plan and package list only
     python -m benchmarks.deploy --rerun-only # profile the lab's re-run as it is
+    python -m benchmarks.deploy --rerun-only --hostlab  # the same for hostlab's hosts
 """
 from __future__ import annotations
 
@@ -142,36 +143,39 @@ def profile(output: str) -> dict[str, Any]:
                       for host, ok, skipped in COUNTS.findall(output)}}
 
 
-def floor(tasks: int) -> dict[str, Any]:
+def floor(tasks: int, inventory: Path = ROOT / "ansible" / "inventories" / "lab") -> dict[str, Any]:
     """Ansible's own cost of a task here: a playbook of ``tasks`` tasks that each run one
-    module doing almost nothing (``stat`` of one file), on the lab's inventory and
-    ansible.cfg, against the same playbook with no task (start-up)."""
+    module doing almost nothing (``stat`` of one file) on every host of ``inventory``, with
+    pyhpc's ansible.cfg, against the same playbook with no task (start-up)."""
     with tempfile.TemporaryDirectory(prefix="pyhpc-bench-floor-") as tmp:
         took = {}
         for n in (0, tasks):
             book = Path(tmp) / f"floor-{n}.yml"
-            plays = [{"name": "Ansible's floor", "hosts": "localhost", "gather_facts": False,
+            plays = [{"name": "Ansible's floor", "hosts": "all", "gather_facts": False,
                       "tasks": [{"name": f"stat {i}", "ansible.builtin.stat": {"path": "/etc/hostname"}}
                                 for i in range(n)]}]
             book.write_text(yaml.safe_dump(plays))
             took[n], _ = timed([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i",
-                                str(ROOT / "ansible" / "inventories" / "lab" / "hosts.yml"), str(book)],
+                                str(inventory / "hosts.yml"), str(book)],
                                dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible" / "ansible.cfg")))
     per_task = (took[tasks] - took[0]) / tasks
     return {"tasks": tasks, "startup_s": round(took[0], 1), "playbook_s": round(took[tasks], 1),
             "per_task_s": round(per_task, 3)}
 
 
-def rerun_profile() -> dict[str, Any]:
-    """The lab as it is: one deploy to converge it, then the idempotent re-run, profiled,
-    then Ansible's floor for as many tasks as the re-run ran (side by side)."""
-    make("deploy")
+def rerun_profile(hostlab: bool = False) -> dict[str, Any]:
+    """The lab (or hostlab's hosts) as it is: one deploy to converge it, then the idempotent
+    re-run, profiled, then Ansible's floor side by side: as many tasks as the re-run ran
+    on a host (the mean over hosts), on every host at once."""
+    target = "hostlab-deploy" if hostlab else "deploy"
+    make(target)
     env = dict(os.environ, **PROFILE_ENV)
-    wall, out = make("deploy", env=env)
+    wall, out = make(target, env=env)
     got = profile(out)
-    ran = sum(host["ok"] for host in got["tasks"].values())
+    ran = round(sum(host["ok"] for host in got["tasks"].values()) / len(got["tasks"]))
+    inventory = ROOT / "ansible" / "inventories" / ("hostlab" if hostlab else "lab")
     return {"rerun_s": round(wall, 1), "rerun_changed": [int(c) for c in RECAP.findall(out)],
-            **got, "floor": floor(ran)}
+            **got, "floor": floor(ran, inventory)}
 
 
 def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
@@ -221,10 +225,13 @@ def main() -> int:
     parser.add_argument("--rerun-only", action="store_true",
                         help="profile the idempotent re-run of the lab as it is (no purge): "
                              "deploy-rerun.json")
+    parser.add_argument("--hostlab", action="store_true",
+                        help="with --rerun-only: hostlab's hosts as they are (make hostlab-deploy): "
+                             "deploy-rerun-hostlab.json")
     args = parser.parse_args()
     if args.rerun_only:
-        figures = rerun_profile()
-        written = record.write("deploy-rerun", figures)
+        figures = rerun_profile(args.hostlab)
+        written = record.write("deploy-rerun-hostlab" if args.hostlab else "deploy-rerun", figures)
         print(json.dumps({k: v for k, v in figures.items() if k != "slowest_tasks_s"}, indent=1))
         for name, took in figures["slowest_tasks_s"]:
             print(f"{took:6.2f} s  {name}")
