@@ -85,7 +85,7 @@ status: venv ## Check the running cluster (pyhpc doctor): munge, slurmctld, slur
 lab-up: venv-deploy ## Bring the lab up (an idempotent deploy of the lab inventory).
 	$(MAKE) --no-print-directory deploy INVENTORY=ansible/inventories/lab CLUSTER=ansible/inventories/lab/cluster.yml
 
-bench-deploy: venv ## Benchmark: fresh deploy vs. installing its Debian packages alone, and an idempotent re-run (purges the lab).
+bench-deploy: venv ## Benchmark: a clean clone's fresh deploy vs. a plain apt + pip install of the same sets, and the re-run (purges the lab; ~12 min).
 	$(PY) -m benchmarks.deploy
 
 bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-run on 1-8 compute hosts (~30 min; restores it).
