@@ -143,7 +143,7 @@ def profile(output: str) -> dict[str, Any]:
                       for host, ok, skipped in COUNTS.findall(output)}}
 
 
-def floor(tasks: int, inventory: Path = ROOT / "ansible" / "inventories" / "lab") -> dict[str, Any]:
+def floor(tasks: int, inventory: Path) -> dict[str, Any]:
     """Ansible's own cost of a task here: a playbook of ``tasks`` tasks that each run one
     module doing almost nothing (``stat`` of one file) on every host of ``inventory``, with
     pyhpc's ansible.cfg, against the same playbook with no task (start-up)."""

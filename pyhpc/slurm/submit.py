@@ -395,11 +395,16 @@ SRUN_OOM = re.compile(rb"^srun: error: (\S+): tasks? ([\d,-]+): Out Of Memory$",
 OOM_TAIL_BYTES = 1 << 20
 
 
+def submitit_logs(job_dir: Path) -> list[Path]:
+    """submitit's log files in one job's folder (``*_log.out``, ``*_log.err``), sorted."""
+    return sorted(job_dir.glob("*_log.*")) if job_dir.is_dir() else []
+
+
 def oom_killed_tasks(log_dir: Path) -> list[str]:
     """``node: task N`` for each task srun reported killed for memory, from the ends of the
     job's own ``*_log.err`` files in ``log_dir`` (regular files only, links never followed)."""
     found: list[str] = []
-    for path in sorted(log_dir.glob("*_log.err")) if log_dir.is_dir() else []:
+    for path in (p for p in submitit_logs(log_dir) if p.name.endswith("_log.err")):
         fh, _ = files.try_open_regular(path)
         if fh is None:
             continue
@@ -418,7 +423,7 @@ def job_logs(job_id: str) -> list[Path]:
     """A job's output files: what Slurm says (StdOut, StdErr), then submitit's logs."""
     fields = slurm.show_job(job_id)
     found = [Path(fields[k]) for k in ("StdOut", "StdErr") if fields.get(k)]
-    found += sorted(DEFAULT_FOLDER.glob(f"{job_id}/*_log.*"))
+    found += submitit_logs(DEFAULT_FOLDER / job_id)
     logs = [p for p in dict.fromkeys(found) if p.is_file()]
     if not logs:
         raise SubmitError(f"job_id: no log files found for job {job_id!r}")
