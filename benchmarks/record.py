@@ -35,9 +35,13 @@ def machine(meminfo: Path = Path("/proc/meminfo")) -> dict[str, Any]:
 
 
 def commit(root: Path = ROOT) -> str | None:
-    """The checkout's commit (the code measured), or None outside a git checkout."""
-    proc = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=False)
+    """The checkout's commit (the code measured), or None outside a git checkout (or
+    where git is not installed: the device machine's copy of the tree)."""
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=False)
+    except OSError:
+        return None
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 

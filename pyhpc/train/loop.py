@@ -404,9 +404,12 @@ def run_meter(cfg: TrainConfig, out: Path, place: device.Placement,
 
 
 def rank_info(info: dist.DistInfo, marks: startup.Marks) -> dict[str, Any]:
-    """What each rank adds to its steps in the gathered records (ranks.jsonl, startup)."""
+    """What each rank adds to its steps in the gathered records (ranks.jsonl, startup): its
+    device, precision, peak memory (the GPU's allocator on a GPU, else the process's peak
+    resident set) and start-up marks."""
     return {"rank": info.rank, "pid": os.getpid(), "device": info.place.name,
-            "precision": info.place.precision, "marks": asdict(marks)}
+            "precision": info.place.precision,
+            "peak_memory_bytes": device.peak_memory_bytes(info.place), "marks": asdict(marks)}
 
 
 def _report(cfg: TrainConfig, info: dist.DistInfo, meter: Meter,

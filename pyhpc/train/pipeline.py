@@ -303,7 +303,6 @@ def report(cfg: TrainConfig, info: dist.DistInfo, where: Layout, meter: Meter,
     measured = busy_share[cfg.warmup_steps:] or busy_share
     gathered = meter.gather({
         **loop.rank_info(info, marks), "stage": where.stage,
-        "peak_memory_bytes": device.peak_memory_bytes(info.place),
         "bubble": 1.0 - sum(measured) / len(measured) if measured else None})
     summary = None
     if info.rank == 0 and gathered is not None:

@@ -103,6 +103,7 @@ def check_run(run: Path, workers: int) -> dict:
     """Every rank reported, loss went down, the metrics carry every field."""
     ranks = [json.loads(line) for line in (run / "ranks.jsonl").read_text().splitlines()]
     assert sorted(r["rank"] for r in ranks[-workers:]) == list(range(workers))
+    assert all(r["peak_memory_bytes"] > 64 << 20 for r in ranks[-workers:])
     history = read_history(run)
     assert history[-1]["loss"] < history[0]["loss"]
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])

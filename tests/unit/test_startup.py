@@ -161,3 +161,5 @@ def test_a_run_writes_startup_json_privately_through_no_link(
     assert doc["ranks"][0]["seconds"]["in_process"] > 0
     ranks = [json.loads(line) for line in (out / "ranks.jsonl").read_text().splitlines()]
     assert "marks" not in ranks[0]
+    # The rank's peak memory (here the process's peak resident set: torch alone is > 64 MiB).
+    assert ranks[0]["peak_memory_bytes"] > 64 << 20
