@@ -104,13 +104,20 @@ def test_scontrol_details_give_user_account_and_gpu_indices_per_node() -> None:
 
 
 class FakeNvml(types.SimpleNamespace):
-    """pynvml's calls used, over ``gpus``: (minor, utilization %, used, total)."""
+    """pynvml's calls used, over ``gpus``: (minor, utilization %, used, total). The driver
+    reserves RESERVED more, which version 1 of the memory call counts as used; ``bindings_v2``
+    and ``driver_v2``: whether the bindings and the driver know version 2."""
+
+    RESERVED = 5
 
     class NVMLError(Exception):
         pass
 
-    def __init__(self, gpus_: list[tuple[int, int, int, int]], init_error: bool = False) -> None:
-        super().__init__(gpus=gpus_, init_error=init_error)
+    def __init__(self, gpus_: list[tuple[int, int, int, int]], init_error: bool = False,
+                 bindings_v2: bool = True, driver_v2: bool = True) -> None:
+        super().__init__(gpus=gpus_, init_error=init_error, driver_v2=driver_v2)
+        if bindings_v2:
+            self.nvmlMemory_v2 = 0x2000028
 
     def nvmlInit(self) -> None:
         if self.init_error:
@@ -124,8 +131,13 @@ class FakeNvml(types.SimpleNamespace):
             raise self.NVMLError("GPU is lost")
         return self.gpus[i]
 
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return types.SimpleNamespace(used=h[2], total=h[3])
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        if version is None:
+            return types.SimpleNamespace(used=h[2] + self.RESERVED, total=h[3])
+        assert version == self.nvmlMemory_v2
+        if not self.driver_v2:
+            raise self.NVMLError("Function Not Found")
+        return types.SimpleNamespace(used=h[2], reserved=self.RESERVED, total=h[3])
 
     def nvmlDeviceGetMinorNumber(self, h) -> int:
         return h[0]
@@ -215,6 +227,17 @@ def test_nvml_figures_are_labelled_with_the_job_holding_each_gpu(tmp_path, detai
     free = 'account="",gpu="0",jobid="",model="NVIDIA H100",node="gpu1",user="",uuid="GPU-0"'
     assert f"pyhpc_gpu_utilization_ratio{{{free}}} 0.0" in text
     assert 'pyhpc_node_gpus_seen{node="gpu1",source="nvml"} 3.0' in text  # one lost
+
+
+@pytest.mark.parametrize(("bindings_v2", "driver_v2", "used"), [
+    (True, True, 70), (False, True, 75), (True, False, 75)])
+def test_gpu_memory_used_leaves_out_what_the_driver_reserves_where_nvml_can_say(
+        bindings_v2: bool, driver_v2: bool, used: int) -> None:
+    # Version 2 of the call, as nvidia-smi counts; version 1 (reserved counted as used) only
+    # where the bindings or the driver lack it.
+    nvml = gpus.Nvml(FakeNvml([(1, 97, 70, 80)], bindings_v2=bindings_v2, driver_v2=driver_v2))
+    samples = nvml.samples()
+    assert samples is not None and samples[0].memory_used_bytes == used
 
 
 def test_v1_devices_list_wins_over_the_gres_index(tmp_path, details) -> None:
