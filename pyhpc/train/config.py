@@ -26,6 +26,7 @@ MODES = ("digits", "synthetic")
 MODELS = ("auto", "deep")
 SCHEDULES = ("1f1b", "gpipe")
 RECOMPUTE = ("off", "block")
+KERNELS = ("default", "deterministic")
 #: Deepest model (residual blocks) and most pipeline stages taken.
 MAX_LAYERS = 16_000
 MAX_STAGES = 64
@@ -81,6 +82,11 @@ class TrainConfig:
     activation_checkpointing: str = _option(
         "off", "block: keep only each residual block's input and recompute the rest in the "
         "backward pass (less memory, about a third more compute)", choices=RECOMPUTE)
+    kernels: str = _option(
+        "default", "default: torch's usual kernels, whose results on a GPU can differ slightly "
+        "from run to run; deterministic: only deterministic ones, so a run, its repeat and a "
+        "resumed run agree bit for bit on the same hardware (an operation without one is an "
+        "error)", choices=KERNELS)
 
     def __post_init__(self) -> None:
         for f in fields(self):

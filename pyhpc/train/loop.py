@@ -332,6 +332,19 @@ def _mark_first_step(opt: torch.optim.Optimizer, marks: startup.Marks,
     opt.register_step_post_hook(hook)
 
 
+def process_state(cfg: TrainConfig) -> None:
+    """This process's threads, seed, kernels and stop signal, once :func:`prepare` has
+    accepted the run. ``--kernels deterministic``: torch's deterministic algorithms (cuDNN's
+    among them); cuBLAS reads its workspace setting at its first call, which is later."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    if cfg.kernels == "deterministic":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    signal.signal(signal.SIGTERM, _stop_now)
+
+
 def run(cfg: TrainConfig) -> metrics.Summary | None:
     """Train on every task of the job; rank 0 writes checkpoints and metrics.
     Nothing starts before :func:`prepare` has accepted the run."""
@@ -339,9 +352,7 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
     ready = prepare(cfg)
     cfg, out, state = ready.cfg, ready.out, ready.checkpoint
     ckpt_path = out / CHECKPOINT
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    signal.signal(signal.SIGTERM, _stop_now)
+    process_state(cfg)
     place = ready.place
     info = dist.setup(place)
     marks.rendezvous_done = time.time()
@@ -405,10 +416,11 @@ def run_meter(cfg: TrainConfig, out: Path, place: device.Placement,
 
 def rank_info(info: dist.DistInfo, marks: startup.Marks) -> dict[str, Any]:
     """What each rank adds to its steps in the gathered records (ranks.jsonl, startup): its
-    device, precision, peak memory (the GPU's allocator on a GPU, else the process's peak
-    resident set) and start-up marks."""
+    device and precision, whether torch ran deterministic kernels only, its peak memory (the
+    GPU's allocator on a GPU, else the process's peak resident set) and start-up marks."""
     return {"rank": info.rank, "pid": os.getpid(), "device": info.place.name,
             "precision": info.place.precision,
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
             "peak_memory_bytes": device.peak_memory_bytes(info.place), "marks": asdict(marks)}
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
 import stat
 import time
 import warnings
@@ -239,9 +238,7 @@ def run(cfg: TrainConfig) -> metrics.Summary | None:
     marks = startup.Marks(process_start=startup.this_process_start(), imported=loop.IMPORTED)
     ready = loop.prepare(cfg)
     cfg, out, place = ready.cfg, ready.out, ready.place
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    signal.signal(signal.SIGTERM, loop._stop_now)
+    loop.process_state(cfg)
     info = dist.setup(place)
     marks.rendezvous_done = time.time()
     where, mesh = layout(info, cfg.pipeline)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 from pathlib import Path
 
 import pytest
@@ -16,23 +15,16 @@ from pyhpc.train import metrics  # noqa: E402
 from pyhpc.train.config import TrainConfig, TrainError  # noqa: E402
 
 
-def _run(cfg: TrainConfig, queue, deterministic: bool = False) -> None:
-    if deterministic:
-        # On a GPU, cuDNN's default kernels differ from run to run: two straight runs' third
-        # losses were 1.1% apart on an H200, which would hide what a resume test checks.
-        # With deterministic kernels a straight, a repeated and a resumed run agree bit for
-        # bit there (benchmarks.gpu's H200 run). The CPU's kernels are deterministic anyway.
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-        torch.use_deterministic_algorithms(True)
+def _run(cfg: TrainConfig, queue) -> None:
     summary = train.run(cfg)
     queue.put(summary.row() if summary else None)
 
 
-def run_in_child(cfg: TrainConfig, deterministic: bool = False) -> dict | None:
+def run_in_child(cfg: TrainConfig) -> dict | None:
     """A fresh process per run, as a job would be (process group, signal handler)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_run, args=(cfg, queue, deterministic))
+    proc = ctx.Process(target=_run, args=(cfg, queue))
     proc.start()
     proc.join(120)
     assert proc.exitcode == 0
@@ -52,19 +44,29 @@ def test_digits_loss_decreases_and_metrics_have_every_field(tmp_path: Path) -> N
     # --device auto: the machine's GPU where torch sees one (the GPU suite), else the CPU.
     assert row["backend"] == ("nccl" if torch.cuda.is_available() else "gloo")
     assert row["workers"] == 1
+    assert [r["deterministic"] for r in ranks(tmp_path)] == [False]  # --kernels default
     assert (tmp_path / "metrics.csv").read_text().startswith("backend,")
 
 
+def ranks(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "ranks.jsonl").read_text().splitlines()]
+
+
 def test_a_second_attempt_resumes_after_the_last_checkpointed_epoch(tmp_path: Path) -> None:
-    run_in_child(TrainConfig(out=str(tmp_path), epochs=1), deterministic=True)
-    run_in_child(TrainConfig(out=str(tmp_path), epochs=3), deterministic=True)
+    # --kernels deterministic: on a GPU, torch's default kernels differ from run to run (two
+    # straight runs' third losses were 1.1% apart on an H200), which would hide what this
+    # checks. With it, a straight, a repeated and a resumed run agreed bit for bit there
+    # (docs/benchmarks.md, "One GPU"); the CPU's kernels are deterministic anyway.
+    run_in_child(TrainConfig(out=str(tmp_path), epochs=1, kernels="deterministic"))
+    run_in_child(TrainConfig(out=str(tmp_path), epochs=3, kernels="deterministic"))
     history = json.loads((tmp_path / "history.json").read_text())
     assert [(h["epoch"], h["attempt"]) for h in history] == [(0, 0), (1, 1), (2, 1)]
     straight = tmp_path / "straight"
-    run_in_child(TrainConfig(out=str(straight), epochs=3), deterministic=True)
+    run_in_child(TrainConfig(out=str(straight), epochs=3, kernels="deterministic"))
     # Fixed seeds and a full checkpoint: resuming gives the same losses as not stopping.
     assert [h["loss"] for h in history] == pytest.approx(
         [h["loss"] for h in json.loads((straight / "history.json").read_text())], rel=1e-5)
+    assert [r["deterministic"] for r in ranks(tmp_path) + ranks(straight)] == [True] * 3
 
 
 def test_synthetic_mode_uses_the_larger_model(tmp_path: Path) -> None:
