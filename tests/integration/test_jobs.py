@@ -243,8 +243,10 @@ def test_train_wait_ends_with_a_readable_summary(work: Path) -> None:
 def test_requeued_job_resumes_from_its_checkpoint_with_the_exact_epoch_count(work: Path) -> None:
     run = work / "requeue"
     epochs = 6
+    # --kernels deterministic (what a resume is exact with on GPUs) through Slurm and a requeue.
     proc = pyhpc(work, "train", "--nodes", "2", "--mode", "synthetic", "--synthetic-samples",
-                 "2048", "--epochs", str(epochs), "--out", str(run), "--json")
+                 "2048", "--epochs", str(epochs), "--kernels", "deterministic", "--out", str(run),
+                 "--json")
     job = json.loads(proc.stdout)["job_id"]
     deadline = time.monotonic() + 180
     while not ((run / "history.json").exists() and len(read_history(run)) >= 2):
@@ -259,6 +261,8 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_exact_epoch_count(wor
     log = "".join(p.read_text() for p in (work / "pyhpc-jobs" / job).glob("*_log.*"))
     assert "pyhpc.train: resuming from checkpoint after epoch" in log
     check_run(run, workers=2)
+    ranks = [json.loads(line) for line in (run / "ranks.jsonl").read_text().splitlines()]
+    assert ranks and all(r["deterministic"] for r in ranks), ranks
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
