@@ -74,7 +74,6 @@ class Nvml:
                 continue
         return sorted(out, key=lambda s: s.minor)
 
-
     def _memory(self, handle: Any) -> Any:
         """The GPU's memory as ``nvidia-smi`` counts it. Version 2 of the call leaves out
         what the driver reserves; version 1 counts it as used (615 MiB of an idle H200 with
