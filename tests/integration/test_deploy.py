@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmarks import deploy as deploy_bench
 from pyhpc import cluster, paths
@@ -169,7 +170,7 @@ def test_second_deploy_changes_nothing(redeploys: list[subprocess.CompletedProce
 #: last recorded (`python -m benchmarks.deploy --rerun-only` prints them, with each task's
 #: time). A re-run that runs more fails here: each task costs every deploy about 0.2 s.
 #: Lower the record when a change removes tasks; raise it only with a reason in the commit.
-RERUN_TASKS = {"localhost": {"ok": 177, "skipped": 84}}
+RERUN_TASKS = {"localhost": {"ok": 175, "skipped": 84}}
 
 
 def test_the_rerun_runs_no_more_tasks_than_recorded(
@@ -190,7 +191,15 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
     a pinned Python package removed by hand come back, though the re-run runs apt and pip
     only where a package is missing (site.yml's dpkg listing, pyhpc.pins). A directory's
     time in the repository copy is no drift: pip's editable install and a job's __pycache__
-    add entries there (a fresh deploy's second run reported the copy changed)."""
+    add entries there (a fresh deploy's second run reported the copy changed). The job-end
+    record's copy of its modules (one rsync) gets an edited module and a mode back, and
+    loses a module it does not import."""
+    records = LAB.monitoring.enabled and LAB.monitoring.job_records
+    if records:
+        (RECORD_LIB / "pyhpc" / "stale.py").write_text("raise SystemExit\n")
+        with open(RECORD_LIB / "pyhpc" / "errors.py", "a") as module:
+            module.write("# edited by hand\n")
+        (RECORD_LIB / "pyhpc" / "slurm" / "rows.py").chmod(0o666)
     before = daemon_pids()
     probe = Path("/opt/pyhpc/src/pyhpc/__pycache__-probe")
     probe.mkdir()
@@ -210,6 +219,27 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
     expected = {"slurmdbd.pid"} | {f"slurmd-{n.name}.pid" for n in LAB.nodes}
     assert restarted == expected
     assert "# edited by hand" not in Path("/etc/slurm/cgroup.conf").read_text()
+    if records:
+        assert record_copy() == {m: (0o100644, (paths.ROOT / m).read_bytes()) for m in RECORD_MODULES}
+
+
+#: The monitoring role's monitoring_record_lib and monitoring_record_modules.
+RECORD_LIB = Path("/usr/local/lib/pyhpc-jobstats-record")
+RECORD_MODULES = yaml.safe_load(
+    (paths.ROOT / "ansible/roles/monitoring/vars/main.yml").read_text())["monitoring_record_modules"]
+
+
+def record_copy() -> dict[str, tuple[int, bytes]]:
+    """Each file under the record's directory: its mode and content (root's, or a failure)."""
+    found = {}
+    for path in sorted(RECORD_LIB.rglob("*")):
+        info = path.lstat()
+        assert (info.st_uid, info.st_gid) == (0, 0), path
+        if path.is_dir():
+            assert stat.S_IMODE(info.st_mode) == 0o755, path
+        else:
+            found[str(path.relative_to(RECORD_LIB))] = (info.st_mode, path.read_bytes())
+    return found
 
 
 def test_secrets_have_strict_modes() -> None:
