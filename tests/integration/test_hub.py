@@ -63,13 +63,23 @@ def participants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict
 
 
 def login(driver: Any, user: str, password: str, base: str | None = None) -> None:
-    """The hub's login form (at `base`, the lab's hub by default), filled and sent."""
+    """The hub's login form (at `base`, the lab's hub by default), filled and sent; back
+    once the hub's answer has replaced the form and loaded. A navigation started earlier
+    races the form's own, and chromium may drop it: the 403 test on hostlab once asked for
+    the first participant's server right after the click, and nothing of that request
+    reached the hub in 60 s (its log: the login, then the spawn page, then nothing)."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get((base or url()) + "hub/login")
     driver.find_element(By.ID, "username_input").send_keys(user)
     driver.find_element(By.ID, "password_input").send_keys(password)
-    driver.find_element(By.ID, "login_submit").click()
+    button = driver.find_element(By.ID, "login_submit")
+    button.click()
+    answered = WebDriverWait(driver, 60)
+    answered.until(expected_conditions.staleness_of(button))
+    answered.until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def wait_for(what: str, check: Any, timeout: float, every: float = 2) -> Any:
