@@ -223,10 +223,10 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
         assert record_copy() == {m: (0o100644, (paths.ROOT / m).read_bytes()) for m in RECORD_MODULES}
 
 
-#: The monitoring role's monitoring_record_lib and monitoring_record_modules.
-RECORD_LIB = Path("/usr/local/lib/pyhpc-jobstats-record")
-RECORD_MODULES = yaml.safe_load(
-    (paths.ROOT / "ansible/roles/monitoring/vars/main.yml").read_text())["monitoring_record_modules"]
+#: The monitoring role's monitoring_record_lib and monitoring_record_modules, from the role.
+MONITORING = paths.ROOT / "ansible" / "roles" / "monitoring"
+RECORD_LIB = Path(yaml.safe_load((MONITORING / "defaults" / "main.yml").read_text())["monitoring_record_lib"])
+RECORD_MODULES = yaml.safe_load((MONITORING / "vars" / "main.yml").read_text())["monitoring_record_modules"]
 
 
 def record_copy() -> dict[str, tuple[int, bytes]]:
