@@ -3,7 +3,7 @@ stand-in GPUs plus 4 CPU nodes, one `slurmd -N` each, on this one machine.
 
 Deployed through `make deploy CLUSTER=...` as the README says; the stock lab is deployed
 again afterwards (also when a test fails), so later tests find it as before. It runs in
-`make test`: the two deploys and the jobs take about 5 minutes here.
+`make test`: the two deploys and the jobs take about 2 minutes here.
 """
 from __future__ import annotations
 
