@@ -173,7 +173,8 @@ def test_removing_a_compute_host_drains_it_first_and_kills_no_job(
     wait_for("the job running on the host to remove", lambda: job_state(job) == "RUNNING")
     out, took = make_with("hostlab-deploy")  # the repository's inventory: without NEW_HOST
     print(f"hostlab: deploy removing {NEW_HOST} while a job runs on it: {took:.1f} s")
-    assert re.search(rf"Drain the nodes the definition no longer lists.*\n.*item={NEW_HOST}", out), out
+    assert re.search(rf"Drain the nodes the definition no longer lists: {NEW_HOST}\] \**\nchanged: \[ctl\]",
+                     out), out
     assert "RETRYING: [ctl]: Wait for the jobs on the drained nodes to end" in out, out
     assert sacct_state(job) == "COMPLETED"
     assert NEW_HOST not in node_states()
