@@ -80,6 +80,13 @@ def check(found: Runaways) -> tuple[bool, str]:
     return False, f"{summary(found)}; pyhpc doctor --fix-runaway closes them"
 
 
+#: What closing them costs the usage reports: sacctmgr has slurmdbd redo its rollups from the
+#: month before the first of them, and drops the rolled-up usage since then until it has
+#: (the lab's hourly table was empty after a fix, and full 2 s after a slurmdbd restart).
+AFTER_FIX = ("sreport may show no usage until slurmdbd's next rollup (on the hour, or when "
+             "slurmdbd restarts): sacctmgr has it redo usage from the month before the first of them")
+
+
 class RunawayError(PyhpcError):
     """--fix-runaway refused: not root, or records may still be on their way."""
 

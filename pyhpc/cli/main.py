@@ -90,7 +90,7 @@ def doctor_fix_runaway(args: argparse.Namespace) -> int:
         print("no runaway jobs: slurmctld knows every job accounting holds open")
     else:
         print(f"closed {runaway.summary(found)}; recorded in {paths.RUNAWAY_LEDGER}\n"
-              f"{runaway.table(found)}")
+              f"{runaway.table(found)}\n{runaway.AFTER_FIX}")
     return 0
 
 

@@ -97,6 +97,8 @@ def test_fix_records_each_job_in_the_ledger_before_sacctmgr_closes_them(ctld, ca
     assert info.st_uid == os.geteuid()
     out = capsys.readouterr().out
     assert out.startswith("closed 3 open in accounting") and f"48   alice  lab      RUNNING  {BEFORE}" in out
+    # The admin learns that sreport loses usage until slurmdbd's next rollup, and how to hasten it.
+    assert out.splitlines()[-1].startswith("sreport may show no usage until slurmdbd's next rollup")
 
 
 def test_a_second_fix_appends(ctld) -> None:
