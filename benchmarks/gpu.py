@@ -11,8 +11,15 @@ another fails; its error is recorded, never a figure in its place.
   machine's CPU cores in fp32, side by side in one run (ABBA order, medians): samples/s of
   the wide CNN, and of the deep model (``--model deep``) with its peak GPU memory
   (``device.peak_memory_bytes``) at two depths;
+- **kernels**: the deep model under ``--kernels default`` (two straight runs) and
+  ``--kernels deterministic`` (two straight runs and one stopped after its first epoch and
+  resumed): whether each pair agrees bit for bit (every epoch's loss, a digest of the final
+  weights), and what deterministic kernels cost in samples/s;
 - **gpucheck**: the health check's seeded matmul on every GPU CUDA sees;
 - **nvml**: the job exporter's NVML samples against ``nvidia-smi --query-gpu``.
+
+``--parts`` runs some parts only; the others are carried from the last ``gpu.json``, each
+marked with the commit and date it was measured at (:func:`benchmarks.record.carried`).
 
 Writes ``DIR/gpu.json`` in the result file's shape (:mod:`benchmarks.record`); the caller
 copies it to ``benchmarks/results/gpu.json``. ``--commit`` names the code measured (the
@@ -48,6 +55,12 @@ QUICK_WIDE = ["--mode", "synthetic", "--synthetic-samples", "2000", "--batch-siz
               "--epochs", "1", "--warmup-steps", "3"]
 QUICK_DEEP = ["--model", "deep", "--synthetic-samples", "400", "--batch-size", "32", "--epochs",
               "1", "--warmup-steps", "3"]
+#: The kernels part: the deep model long enough for default kernels to drift, resumable.
+KERNELS = ["--model", "deep", "--layers", "50", "--synthetic-samples", "2000", "--batch-size",
+           "64", "--epochs", "3", "--warmup-steps", "3"]
+QUICK_KERNELS = ["--model", "deep", "--layers", "4", "--synthetic-samples", "400",
+                 "--batch-size", "32", "--epochs", "3", "--warmup-steps", "3"]
+PARTS = ("facts", "bench", "train", "kernels", "gpucheck", "nvml")
 
 
 def part(name: str, run: Callable[[], Any], errors: dict[str, str]) -> Any:
@@ -106,10 +119,12 @@ def bench(kind: str, work: Path) -> dict[str, Any]:
             "link": doc["link"]["ranks"][0]}
 
 
-def train_once(work: Path, name: str, flags: list[str]) -> dict[str, Any]:
-    """One ``python -P -m pyhpc.train`` run: its summary line and the process's wall time."""
+def train_once(work: Path, name: str, flags: list[str], keep: bool = False) -> dict[str, Any]:
+    """One ``python -P -m pyhpc.train`` run: its summary line and the process's wall time.
+    ``keep``: run in the directory as it is (a resume), not an emptied one."""
     out = work / name
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
     env = os.environ | {"PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop("SLURM_JOB_ID", None)
@@ -173,6 +188,58 @@ def peak(out: Path) -> int | None:
     return None
 
 
+def outcome(out: Path) -> dict[str, Any]:
+    """A finished run's every-epoch losses (exact floats), and a digest of its final
+    weights: SHA-256 over the checkpoint's model tensors, in key order."""
+    import hashlib
+
+    import torch
+
+    from pyhpc.train.loop import CHECKPOINT, load_checkpoint
+
+    digest = hashlib.sha256()
+    model = load_checkpoint(out / CHECKPOINT)["model"]
+    for key in sorted(model):
+        digest.update(key.encode())
+        digest.update(model[key].detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
+    history = json.loads((out / "history.json").read_text())
+    return {"losses": [h["loss"] for h in history], "attempts": [h["attempt"] for h in history],
+            "weights_sha256": digest.hexdigest()[:16]}
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Bit for bit: the same losses at every epoch and the same final weights."""
+    return a["losses"] == b["losses"] and a["weights_sha256"] == b["weights_sha256"]
+
+
+def kernels(kind: str, work: Path, quick: bool = False) -> dict[str, Any]:
+    """The deep model twice with default kernels, twice with deterministic ones, and once
+    with deterministic ones stopped after its first epoch and resumed (the second process
+    finds the checkpoint in the same run directory). Alternated, so drift in the machine
+    falls on both arms."""
+    flags = (QUICK_KERNELS if quick else KERNELS) + ["--device", kind, "--precision", "fp32"]
+    runs: dict[str, Any] = {}
+    for name, chosen in (("default 1", "default"), ("deterministic 1", "deterministic"),
+                         ("default 2", "default"), ("deterministic 2", "deterministic")):
+        tag = name.replace(" ", "-")
+        row = train_once(work, f"kernels-{tag}", flags + ["--kernels", chosen])
+        runs[name] = row | outcome(work / f"kernels-{tag}")
+    stopped = flags + ["--kernels", "deterministic"]
+    epochs = stopped.index("--epochs") + 1
+    first = stopped[:epochs] + ["1"] + stopped[epochs + 1:]
+    train_once(work, "kernels-resumed", first)
+    row = train_once(work, "kernels-resumed", stopped, keep=True)
+    runs["deterministic resumed"] = row | outcome(work / "kernels-resumed")
+    speed = {k: statistics.median(runs[f"{k} {i}"]["samples_per_s"] for i in (1, 2))
+             for k in ("default", "deterministic")}
+    return {"flags": flags, "runs": runs,
+            "default_repeat_same": same(runs["default 1"], runs["default 2"]),
+            "deterministic_repeat_same": same(runs["deterministic 1"], runs["deterministic 2"]),
+            "resumed_same_as_straight": same(runs["deterministic 1"], runs["deterministic resumed"]),
+            "deterministic_vs_default_samples_per_s": round(
+                speed["deterministic"] / speed["default"], 3) if speed["default"] else None}
+
+
 def gpucheck() -> dict[str, Any]:
     import torch
 
@@ -207,17 +274,35 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="small runs (the rehearsal)")
     parser.add_argument("--commit", default=None, help="the commit measured (no .git there)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated, of {', '.join(PARTS)}; the rest are carried")
     parser.add_argument("--out", type=Path, required=True, help="directory for gpu.json")
     args = parser.parse_args()
+    chosen = args.parts.split(",")
+    unknown = sorted(set(chosen) - set(PARTS))
+    if unknown:
+        parser.error(f"--parts: {', '.join(unknown)} not allowed; allowed: {', '.join(PARTS)}")
     errors: dict[str, str] = {}
     work = Path(tempfile.mkdtemp(prefix="pyhpc-gpu-"))
+    runs: dict[str, Callable[[], Any]] = {
+        "facts": gpu_facts,
+        "bench": lambda: bench(args.device, work),
+        "train": lambda: train(args.device, work, args.reps, args.quick),
+        "kernels": lambda: kernels(args.device, work, args.quick),
+        "gpucheck": gpucheck,
+        "nvml": nvml}
     figures: dict[str, Any] = {"device": args.device}
-    figures["facts"] = part("facts", gpu_facts, errors)
-    figures["bench"] = part("bench", lambda: bench(args.device, work), errors)
-    figures["train"] = part("train", lambda: train(args.device, work, args.reps, args.quick), errors)
-    figures["gpucheck"] = part("gpucheck", gpucheck, errors)
-    figures["nvml"] = part("nvml", nvml, errors)
+    for name in PARTS:
+        if name in chosen or name == "facts":  # the GPU measured, named in every run
+            figures[name] = part(name, runs[name], errors)
     figures["errors"] = errors
+    if set(chosen) != set(PARTS):
+        previous = record.read("gpu")
+        was = (previous.get("figures", {}).get("facts") or {}).get("name")
+        figures = record.carried(figures, previous) | {"device": args.device, "errors": errors}
+        for name in PARTS:
+            if name not in chosen and name != "facts" and isinstance(figures.get(name), dict):
+                figures[name]["measured"] = figures[name]["measured"] | {"gpu": was}
     doc = record.document("gpu", figures)
     doc["commit"] = args.commit or doc["commit"]
     args.out.mkdir(parents=True, exist_ok=True)
