@@ -209,7 +209,7 @@ def outcome(out: Path) -> dict[str, Any]:
 
 def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Bit for bit: the same losses at every epoch and the same final weights."""
-    return a["losses"] == b["losses"] and a["weights_sha256"] == b["weights_sha256"]
+    return bool(a["losses"] == b["losses"] and a["weights_sha256"] == b["weights_sha256"])
 
 
 def kernels(kind: str, work: Path, quick: bool = False) -> dict[str, Any]:
