@@ -1,11 +1,13 @@
-"""pyhpc.gpucheck, the node side of ``pyhpc doctor --gpus``, on this CPU machine.
+"""pyhpc.gpucheck, the node side of ``pyhpc doctor --gpus``, as on a CPU machine.
 
-nvidia-smi and dcgmi are fakes on PATH; hostlist expansion is Slurm's (the fake runner
-answers ``scontrol show hostnames``); the matmul runs for real on the CPU.
+nvidia-smi and dcgmi are fakes on PATH, and PATH holds nothing else (a GPU machine's own
+nvidia-smi stays out); hostlist expansion is Slurm's (the fake runner answers ``scontrol
+show hostnames``); the matmul runs for real on the CPU, CUDA hidden where it is there.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,10 +51,19 @@ def node(fake_slurm, tmp_path: Path, monkeypatch) -> Path:
         for i in range(2):
             (tmp_path / name / f"nvidia{i}").touch()
     (tmp_path / "bin").mkdir()
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    (tmp_path / "bin" / "cat").symlink_to(shutil.which("cat") or "/bin/cat")  # the fakes' one tool
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     conf = tmp_path / "gres.conf"
     conf.write_text(GRES.format(dir=tmp_path))
     return conf
+
+
+@pytest.fixture
+def no_cuda(monkeypatch) -> None:
+    """CUDA sees no GPU, as on a CPU machine, also where these tests run on a GPU one."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
 def tool(conf: Path, name: str, body: str) -> None:
@@ -90,13 +101,13 @@ def test_seen_asks_nvidia_smi_where_the_driver_is(node: Path) -> None:
     assert gpucheck.seen("gpu1", node)[0] == 0
 
 
-def test_matmul_on_the_cpu_says_so() -> None:
+def test_matmul_on_the_cpu_says_so(no_cuda: None) -> None:
     status, detail = gpucheck.matmul(n=64)
     assert status == "pass"
     assert detail.startswith("cpu (no CUDA here): 64x64 fp32, error ")
 
 
-def test_matmul_errs_when_cuda_misses_gpus_the_driver_lists() -> None:
+def test_matmul_errs_when_cuda_misses_gpus_the_driver_lists(no_cuda: None) -> None:
     status, detail = gpucheck.matmul(cuda_expected=2, n=8)
     assert status == "error" and "CUDA sees 0 of the 2 GPUs" in detail
 
@@ -113,7 +124,8 @@ def test_dcgm_absent_pass_fail_and_error(node: Path) -> None:
     assert status == "error" and "unable to establish a connection" in detail
 
 
-def test_main_prints_one_report_line_the_doctor_parses(node: Path, capsys, monkeypatch) -> None:
+def test_main_prints_one_report_line_the_doctor_parses(node: Path, no_cuda: None, capsys,
+                                                      monkeypatch) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "gpu1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert gpucheck.main(["--gres-conf", str(node)]) == 0
