@@ -51,14 +51,19 @@ test-debs: ## Install the Debian packages the tests need (chromium, chromium-dri
 		| grep -q 'install ok installed' || echo $$p; done)"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
-test: venv test-debs lab-up ## Lint, unit and integration tests (deploys the lab first; idempotent when it is up).
-	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests
+# Lint and unit tests use no lab and share no state: they run on one worker per CPU
+# (pytest-xdist). The integration tests run one at a time, in order: they share the one lab
+# and hostlab, and some measure what a quiet machine gives a job. Both parts always run.
+CHECK_WORKERS ?= auto
+test: venv test-debs lab-up ## Lint and unit tests (on every CPU), then the integration tests (deploys the lab first; idempotent when it is up).
+	rc=0; $(VENV)/bin/pytest $(PYTEST_FLAGS) -n $(CHECK_WORKERS) tests/lint tests/unit || rc=$$?; \
+	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/integration || rc=$$?; exit $$rc
 
-unit: venv ## Unit tests only (no cluster needed); UPDATE_GOLDEN=1 accepts changed golden files.
-	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/unit
+unit: venv ## Unit tests only (no cluster needed; on every CPU); UPDATE_GOLDEN=1 accepts changed golden files.
+	$(VENV)/bin/pytest $(PYTEST_FLAGS) -n $(CHECK_WORKERS) tests/unit
 
 lint: venv ## ruff and strict mypy; yamllint, ansible syntax check and ansible-lint, hadolint, shellcheck.
-	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/lint
+	$(VENV)/bin/pytest $(PYTEST_FLAGS) -n $(CHECK_WORKERS) tests/lint
 
 integration: venv lab-up ## Integration tests against the lab cluster.
 	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/integration
