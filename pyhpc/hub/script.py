@@ -68,12 +68,15 @@ def prefix_of(env: Mapping[str, str]) -> str:
 
 
 def script(request: ServerRequest, cluster: Cluster, user: str, home: str,
-           env: Mapping[str, str], command: Sequence[str], venv: str) -> str:
-    """The batch script: ``command`` (the singleuser server) started as ``user``'s job."""
+           env: Mapping[str, str], command: Sequence[str], venv: str,
+           comment: str | None = None) -> str:
+    """The batch script: ``command`` (the singleuser server) started as ``user``'s job.
+    ``comment``: the job's comment, by which the hub finds a submission slurmctld did not
+    answer (:func:`pyhpc.slurm.as_user.submit`)."""
     validate.name("user", user, "user", error=HubError)
     validate.name("venv", venv, "abspath", error=HubError)
     validate.name("command", command[0] if command else "", "abspath", error=HubError)
     values = {**asdict(request), "user": user, "home": home, "output": f"{home}/{LOG_NAME}",
               "venv": venv, "environment": passed(env), "prefix": prefix_of(env),
-              "command": list(command)}
+              "command": list(command), "comment": comment}
     return render.environment(cluster).get_template(TEMPLATE).render(values)

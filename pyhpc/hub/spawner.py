@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from typing import Any
 
 from batchspawner import JobStatus, SlurmSpawner
@@ -26,7 +27,7 @@ from pyhpc import cluster, paths
 from pyhpc.errors import PyhpcError
 from pyhpc.hub import choices, form, options, script
 from pyhpc.hub.options import ServerRequest
-from pyhpc.slurm import as_user
+from pyhpc.slurm import as_user, slurm
 
 #: The callback's route (batchspawner registers it when imported).
 CALLBACK = r"/api/batchspawner"
@@ -122,9 +123,21 @@ class PyhpcSlurmSpawner(SlurmSpawner):  # type: ignore[misc]  # batchspawner shi
         home = await asyncio.to_thread(script.home_of, user)
         command = [f"{self.venv}/bin/batchspawner-singleuser",
                    f"{self.venv}/bin/jupyterhub-singleuser", *self.get_args()]
+        # Unique to this submission: where slurmctld does not answer sbatch in time, the
+        # job it may have accepted all the same is found by it, not left running unseen.
+        comment = f"pyhpc-hub-{secrets.token_hex(8)}"
         text = script.script(request, self.definition(), user, home, self.get_env(), command,
-                             self.venv)
-        self.job_id = await asyncio.to_thread(as_user.submit, user, text)
+                             self.venv, comment)
+        try:
+            self.job_id = await asyncio.to_thread(as_user.submit, user, text)
+        except slurm.AmbiguousSubmit as exc:
+            self.log.warning("%s's notebook server: %s; looking for the job by its comment %s",
+                             user, exc, comment)
+            found = await asyncio.to_thread(as_user.submitted, user, comment)
+            if found is None:
+                raise
+            self.job_id = found
+            self.log.warning("%s's notebook server: slurmctld accepted it: job %s", user, found)
         self.log.info("%s's notebook server is job %s (%s)", user, self.job_id, request)
         return str(self.job_id)
 

@@ -11,6 +11,7 @@ through :func:`pyhpc.slurm.slurm.run`, the one runner tests replace.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 from pyhpc import validate
@@ -21,6 +22,11 @@ SUDO = "/usr/bin/sudo"
 BIN = "/usr/bin"
 #: squeue's answer for one job: its state and the node its batch script runs on.
 QUERY_FORMAT = "%T %B"
+#: squeue's answer for each of the user's jobs: its id and its comment.
+FIND_FORMAT = "%i %k"
+#: How long a submission slurmctld did not answer is looked for before it counts as lost.
+FIND_WAIT_S = 30.0
+FIND_EVERY_S = 2.0
 JOB_ID = re.compile(r"[0-9]{1,12}")
 
 
@@ -49,10 +55,36 @@ def job_id(value: str, where: str = "job_id") -> str:
 
 
 def submit(user: str, script: str) -> str:
-    """``sbatch --parsable`` as ``user``, the script on stdin; its job id."""
+    """``sbatch --parsable`` as ``user``, the script on stdin; its job id. Where slurmctld
+    did not answer in time: :class:`pyhpc.slurm.slurm.AmbiguousSubmit` (the job may exist,
+    :func:`submitted` looks for it)."""
     proc = slurm.run(argv(user, "sbatch", "--parsable"), stdin=script, submits=True)
     lines = proc.stdout.strip().splitlines()
     return job_id(lines[-1].split(";")[0] if lines else "", "sbatch")
+
+
+def submitted(user: str, comment: str) -> str | None:
+    """After an :class:`~pyhpc.slurm.slurm.AmbiguousSubmit`: the id of the user's job whose
+    comment is ``comment`` (the script's ``#SBATCH --comment``, unique to that submission),
+    looked for up to :data:`FIND_WAIT_S` (slurmctld may take the queued submission late);
+    None if it never shows: then slurmctld did not accept it."""
+    deadline = time.monotonic() + FIND_WAIT_S
+    while (found := find(user, comment)) is None and time.monotonic() < deadline:
+        time.sleep(FIND_EVERY_S)
+    return found
+
+
+def find(user: str, comment: str) -> str | None:
+    """``squeue`` as ``user`` over their own jobs: the id of the one whose comment is
+    ``comment``, or None (none has it, or Slurm did not answer)."""
+    proc = slurm.run(argv(user, "squeue", "-h", "--me", "-o", FIND_FORMAT), check=False)
+    if proc.returncode != 0:
+        return None
+    for line in proc.stdout.splitlines():
+        job, _, said = line.strip().partition(" ")
+        if said == comment and JOB_ID.fullmatch(job):
+            return job
+    return None
 
 
 def query(user: str, job: str) -> str:

@@ -50,6 +50,10 @@ class SlurmError(PyhpcError):
     """A Slurm command is missing, timed out or refused; the message names the command."""
 
 
+class AmbiguousSubmit(SlurmError):
+    """A submission slurmctld did not answer in time: it may have accepted the job."""
+
+
 #: Tools whose printed times pyhpc reads: asked for Slurm's standard format whatever the
 #: caller's SLURM_TIME_FORMAT says (never set for sbatch or srun: jobs inherit it).
 TIME_READERS = ("squeue", "sacct", "scontrol", "sdiag", "sacctmgr")
@@ -89,7 +93,7 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
             break
         if submits and any(t in proc.stderr for t in AMBIGUOUS):
             if check:
-                raise SlurmError(f"{argv[0]}: {why(proc)}; slurmctld may have accepted the job "
+                raise AmbiguousSubmit(f"{argv[0]}: {why(proc)}; slurmctld may have accepted the job "
                                  "all the same: look for it with squeue --me before submitting "
                                  "again", argv[0])
             break

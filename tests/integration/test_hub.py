@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
+import secrets
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -254,3 +258,38 @@ def test_the_culler_stops_an_idle_server(participants: list[dict[str, str]],
     wait_for("the culler", lambda: not server_jobs(user), 6 * 60, every=10)
     log = (Path("/var/log/pyhpc-hub/hub.log")).read_text(errors="replace")
     assert re.search(rf"Culling server {re.escape(user)}\b|{re.escape(user)}.*inactive", log)
+
+
+def test_a_submission_slurmctld_did_not_answer_is_found_by_its_comment(monkeypatch) -> None:
+    """The hub's own calls, as its user through its sudo rule, with the lab's slurmctld
+    paused (SIGSTOP) past sbatch's 10 s MessageTimeout: sbatch gives up, slurmctld takes the
+    submission when it resumes, and the job is found by its comment. The spawner does this
+    for a notebook server (tests/unit/test_hub_loads.py); hostlab's busy ctl once made a
+    spawn fail so while its job ran on."""
+    from pyhpc.slurm import as_user, slurm
+
+    def as_hub(argv: list[str], stdin: str | None, timeout_s: float) -> Any:
+        return slurm.run_command(["runuser", "-u", "pyhpc-hub", "--", *argv], stdin, timeout_s)
+
+    monkeypatch.setattr(slurm, "RUNNER", as_hub)
+    comment = f"pyhpc-hub-{secrets.token_hex(8)}"
+    text = (f"#!/bin/bash\n#SBATCH --comment={comment}\n#SBATCH --job-name=pyhpc-hub-test\n"
+            "#SBATCH --time=1\nsleep 300\n")
+    pid = int(Path("/run/slurmctld.pid").read_text().split()[0])
+    job = None
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(15, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    try:
+        with pytest.raises(slurm.AmbiguousSubmit, match="may have accepted the job"):
+            as_user.submit("user1", text)
+        job = as_user.submitted("user1", comment)
+    finally:
+        resume.cancel()
+        os.kill(pid, signal.SIGCONT)
+    try:
+        assert job is not None, f"no job of user1's with the comment {comment}"
+        assert sh("squeue", "-h", "-j", job, "-o", "%u %k").stdout.split() == ["user1", comment]
+    finally:
+        if job:
+            sh("scancel", job, check=False)

@@ -210,7 +210,8 @@ COMMAND = ["/opt/pyhpc/venv/bin/batchspawner-singleuser", "/opt/pyhpc/venv/bin/j
 
 
 def render(request: ServerRequest, lab: cluster.Cluster, env: dict[str, str] = ENV) -> str:
-    return script.script(request, lab, "ws-01", "/home/ws-01", env, COMMAND, "/opt/pyhpc/venv")
+    return script.script(request, lab, "ws-01", "/home/ws-01", env, COMMAND, "/opt/pyhpc/venv",
+                         "pyhpc-hub-0123456789abcdef")  # the spawner's comment, one per submission
 
 
 def test_the_servers_batch_script_is_golden(lab, golden) -> None:

@@ -107,12 +107,49 @@ def test_a_spawn_submits_the_golden_script_as_the_user(hub, slurm_as, monkeypatc
     spawner.user_options = options
     monkeypatch.setattr(script, "home_of", lambda user: f"/home/{user}")
     monkeypatch.setattr(spawner, "get_env", lambda: dict(ENV))
+    import secrets  # the submission's comment, random in the hub, fixed for the golden file
+
+    monkeypatch.setattr(secrets, "token_hex", lambda n: "0123456789abcdef"[:2 * n])
     assert asyncio.run(spawner.submit_batch_script()) == "4242"
     (call,) = submitted(slurm_as)
     assert call == ["/usr/bin/sudo", "-n", "-u", "ws-01", "/usr/bin/sbatch", "--parsable"]
     text = next(s for c, s in zip(slurm_as.calls, slurm_as.stdins, strict=True) if c == call)
     golden.check("hub/server-ws-01.sbatch", text)
     assert f"exec {' '.join(COMMAND)}\n" in text
+
+
+def test_a_spawn_whose_sbatch_slurmctld_did_not_answer_takes_the_job_it_accepted(
+        hub, slurm_as, monkeypatch) -> None:
+    from pyhpc.slurm import as_user, slurm
+
+    spawner = make_spawner(hub, "ws-01")
+    spawner.user_options = {"time": "02:00:00"}
+    monkeypatch.setattr(script, "home_of", lambda user: f"/home/{user}")
+    monkeypatch.setattr(spawner, "get_env", lambda: dict(ENV))
+    monkeypatch.setattr(as_user, "FIND_EVERY_S", 0.0)
+    monkeypatch.setattr(as_user, "FIND_WAIT_S", 0.05)
+    answer = slurm_as.answers[as_user.SUDO]
+    comments: list[str] = []
+
+    def busy(argv: list[str]) -> tuple[int, str, str]:
+        if argv[4].endswith("sbatch"):
+            text = slurm_as.stdins[-1]
+            comments.append(text.split("#SBATCH --comment=", 1)[1].split("\n", 1)[0])
+            return 1, "", ("sbatch: error: Batch job submission failed: Socket timed out on "
+                           "send/recv operation")
+        if argv[5:] == ["-h", "--me", "-o", as_user.FIND_FORMAT]:
+            return 0, "".join(f"4250 {c}\n" for c in comments[:1]), ""  # the first only
+        return answer(argv)
+
+    slurm_as.answers[as_user.SUDO] = busy
+    # slurmctld took the first submission all the same: the job is found by its comment.
+    assert asyncio.run(spawner.submit_batch_script()) == "4250" and spawner.job_id == "4250"
+    assert len(submitted(slurm_as)) == 1 and comments[0].startswith("pyhpc-hub-")
+    # It did not take the second: the spawn fails as sbatch did, nothing is sent again, and
+    # the first's job (another comment) is not taken for it.
+    with pytest.raises(slurm.AmbiguousSubmit, match="may have accepted the job"):
+        asyncio.run(spawner.submit_batch_script())
+    assert len(submitted(slurm_as)) == 2 and comments[0] != comments[1]
 
 
 def test_a_spawn_through_the_api_is_checked_too(hub, slurm_as) -> None:

@@ -19,7 +19,7 @@ from jinja2.nativetypes import NativeEnvironment
 
 from pyhpc import cluster, paths
 from pyhpc.hub import api
-from pyhpc.slurm import as_user
+from pyhpc.slurm import as_user, slurm
 
 ROLE = paths.ROOT / "ansible" / "roles" / "jupyterhub"
 TEMPLATES = {"jupyterhub_config.py": "etc/pyhpc/hub/jupyterhub_config.py.j2",
@@ -124,13 +124,13 @@ def test_the_pins_of_the_hub_and_the_servers_are_one() -> None:
 
 # -- the sudo rule ------------------------------------------------------------------------
 
-def rules(text: str) -> dict[str, str]:
-    """The rule's commands: path -> the regular expression its arguments must match."""
+def rules(text: str) -> list[tuple[str, str]]:
+    """The rule's commands: (path, the regular expression its arguments must match)."""
     body = text.split("Cmnd_Alias PYHPC_HUB_SLURM =", 1)[1].split("\npyhpc-hub ", 1)[0]
-    found = {}
+    found = []
     for item in body.replace("\\\n", " ").split(","):
         command, regex = item.split(None, 1)
-        found[command] = regex.strip()
+        found.append((command, regex.strip()))
     return found
 
 
@@ -139,6 +139,7 @@ def hub_commands(fake_slurm) -> list[list[str]]:
     fake_slurm.answers[as_user.SUDO] = lambda argv: (
         0, "4242\n" if "sbatch" in argv[4] else "", "")
     as_user.submit("ws-01", "#!/bin/bash\n")
+    as_user.find("ws-01", "pyhpc-hub-0123456789abcdef")
     as_user.query("ws-01", "4242")
     as_user.cancel("ws-01", "4242")
     as_user.associations("ws-01")
@@ -151,23 +152,64 @@ def allowed(text: str, argv: list[str]) -> bool:
     matched whole; the command by its full path."""
     import re
 
-    regex = rules(text).get(argv[0])
-    return regex is not None and re.fullmatch(regex.strip("^$"), " ".join(argv[1:])) is not None
+    return any(command == argv[0] and re.fullmatch(regex.strip("^$"), " ".join(argv[1:]))
+               for command, regex in rules(text))
 
 
 def test_the_sudo_rule_allows_exactly_the_hubs_commands(fake_slurm) -> None:
     text = render("lab", "sudoers")
     calls = hub_commands(fake_slurm)
-    assert {c[4] for c in calls} == set(rules(text)) and len(calls) == 5
+    assert sorted(c[4] for c in calls) == sorted(c for c, _ in rules(text)) and len(calls) == 6
     for call in calls:
         assert call[:4] == ["/usr/bin/sudo", "-n", "-u", "ws-01"] and allowed(text, call[4:]), call
     for other in (["/usr/bin/sbatch", "--parsable", "--uid=0"], ["/usr/bin/sbatch"],
                   ["/usr/bin/scancel", "4242", "--user=user2"], ["/usr/bin/scancel", "-u", "user2"],
                   ["/usr/bin/squeue", "-h", "-j", "1", "-o", "%T %B", "-u", "x"],
+                  ["/usr/bin/squeue", "-h", "--me", "-o", "%i %k", "-u", "x"],
+                  ["/usr/bin/squeue", "-h", "-o", "%i %k"],
                   ["/usr/bin/sacctmgr", "-i", "delete", "user", "x"],
                   ["/usr/bin/scontrol", "update", "NodeName=cpu1", "State=DOWN"],
                   ["/usr/bin/srun", "id"], ["/bin/sh", "-c", "id"]):
         assert not allowed(text, other), other
+
+
+TIMED_OUT = (1, "", "sbatch: error: Batch job submission failed: Socket timed out on "
+                   "send/recv operation\n")
+MINE = "pyhpc-hub-0123456789abcdef"
+
+
+def answering(sbatch: tuple[int, str, str], squeue: list[str]) -> Any:
+    """The user's sudo commands: sbatch's one answer, squeue's answers in turn (the last
+    again once they run out)."""
+    def answer(argv: list[str]) -> tuple[int, str, str]:
+        if argv[4].endswith("sbatch"):
+            return sbatch
+        return 0, squeue.pop(0) if len(squeue) > 1 else squeue[0], ""
+    return answer
+
+
+def test_a_submission_slurmctld_did_not_answer_is_found_by_its_comment(fake_slurm,
+                                                                      monkeypatch) -> None:
+    monkeypatch.setattr(as_user, "FIND_EVERY_S", 0.0)
+    # Not in squeue at first (slurmctld has not taken it yet), then there among others.
+    fake_slurm.answers[as_user.SUDO] = answering(
+        TIMED_OUT, ["", f"4241 \n4243 {MINE}\n4244 pyhpc-hub-ffffffffffffffff\n"])
+    with pytest.raises(slurm.AmbiguousSubmit, match="may have accepted the job"):
+        as_user.submit("ws-01", "#!/bin/bash\n")
+    assert as_user.submitted("ws-01", MINE) == "4243"
+    tools = [c[4] for c in fake_slurm.calls]
+    assert tools.count("/usr/bin/sbatch") == 1  # never sent twice
+    assert tools.count("/usr/bin/squeue") == 2
+
+
+def test_a_submission_found_nowhere_is_none_after_the_wait(fake_slurm, monkeypatch) -> None:
+    monkeypatch.setattr(as_user, "FIND_EVERY_S", 0.0)
+    monkeypatch.setattr(as_user, "FIND_WAIT_S", 0.05)
+    fake_slurm.answers[as_user.SUDO] = answering(TIMED_OUT, [f"4244 {MINE}x\n"])
+    assert as_user.submitted("ws-01", MINE) is None
+    # squeue itself unanswered counts as not found, never as an error.
+    fake_slurm.answers[as_user.SUDO] = lambda argv: TIMED_OUT
+    assert as_user.find("ws-01", MINE) is None
 
 
 def test_the_sudo_rule_runs_as_no_local_user_and_keeps_no_environment() -> None:
