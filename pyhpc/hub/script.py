@@ -72,7 +72,7 @@ def script(request: ServerRequest, cluster: Cluster, user: str, home: str,
            comment: str | None = None) -> str:
     """The batch script: ``command`` (the singleuser server) started as ``user``'s job.
     ``comment``: the job's comment, by which the hub finds a submission slurmctld did not
-    answer (:func:`pyhpc.slurm.as_user.submit`)."""
+    answer (:func:`pyhpc.slurm.as_user.submitted`)."""
     validate.name("user", user, "user", error=HubError)
     validate.name("venv", venv, "abspath", error=HubError)
     validate.name("command", command[0] if command else "", "abspath", error=HubError)
