@@ -302,7 +302,8 @@ def main() -> int:
         figures = record.carried(figures, previous) | {"device": args.device, "errors": errors}
         for name in PARTS:
             if name not in chosen and name != "facts" and isinstance(figures.get(name), dict):
-                figures[name]["measured"] = figures[name]["measured"] | {"gpu": was}
+                # A part carried twice keeps the GPU it was measured on.
+                figures[name]["measured"] = {"gpu": was} | figures[name]["measured"]
     doc = record.document("gpu", figures)
     doc["commit"] = args.commit or doc["commit"]
     args.out.mkdir(parents=True, exist_ok=True)
