@@ -17,7 +17,7 @@ pytest.importorskip("batchspawner", reason="batchspawner is not installed here "
 
 from test_hub_form import COMMAND, ENV, SLURM, submitted  # noqa: E402
 from test_hub_form import slurm_as as slurm_as  # noqa: E402,F401  (the fixture)
-from test_hub_role import render  # noqa: E402
+from test_hub_role import TIMED_OUT, render  # noqa: E402
 
 from pyhpc import paths  # noqa: E402
 from pyhpc.hub import script  # noqa: E402
@@ -135,8 +135,7 @@ def test_a_spawn_whose_sbatch_slurmctld_did_not_answer_takes_the_job_it_accepted
         if argv[4].endswith("sbatch"):
             text = slurm_as.stdins[-1]
             comments.append(text.split("#SBATCH --comment=", 1)[1].split("\n", 1)[0])
-            return 1, "", ("sbatch: error: Batch job submission failed: Socket timed out on "
-                           "send/recv operation")
+            return TIMED_OUT
         if argv[5:] == ["-h", "--me", "-o", as_user.FIND_FORMAT]:
             return 0, "".join(f"4250 {c}\n" for c in comments[:1]), ""  # the first only
         return answer(argv)
