@@ -49,6 +49,8 @@ def daemon_pids() -> dict[str, str]:
         files += [Path("/run/prometheus/prometheus.pid"),
                   Path("/run/prometheus/prometheus-node-exporter.pid"),
                   Path("/run/pyhpc-slurm-exporter.pid"), Path("/run/pyhpc-job-exporter.pid")]
+    if LAB.jupyterhub is not None and LAB.jupyterhub.enabled:  # restarted only on its own change
+        files.append(Path("/run/pyhpc-hub.pid"))
     return {f.name: f.read_text().strip() if f.exists() else "" for f in files}
 
 

@@ -6,8 +6,9 @@ workshop's reservation), opens notebook 1 in their home, runs all cells and sees
 accuracy; squeue shows the server as their job in the reservation. A wrong password and a
 directory user without an association are refused; a second participant gets 403 at the
 first's server; the idle culler stops an idle server (a redeploy with a one-minute
-timeout, then the lab's definition again). Screenshots of the form and of the running
-notebook go to docs/ for the README. The same on hosts: test_hostlab_notebooks.py.
+timeout, then the lab's definition again); a deploy that changes pyhpc's code restarts
+the hub. Screenshots of the form and of the running notebook go to docs/ for the README.
+The same on hosts: test_hostlab_notebooks.py.
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ import yaml
 from browser import chromium, screenshot
 from test_directory import as_user, lab_directory, sh, workshop
 
+from benchmarks import deploy as deploy_bench
 from pyhpc import cluster, paths
 from pyhpc.admin import directory, directory_sync
-from pyhpc.hub import api
+from pyhpc.hub import api, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
@@ -293,3 +295,39 @@ def test_a_submission_slurmctld_did_not_answer_is_found_by_its_comment(monkeypat
     finally:
         if job:
             sh("scancel", job, check=False)
+
+
+def hub_runs_the_copy() -> bool:
+    """The running hub recorded the copy's code (the deploy's check, in the hub's virtualenv)."""
+    return sh("/opt/pyhpc/hub/bin/python", "-c", "import sys, pyhpc.hub.running as r; "
+              f"sys.exit(r.stale({str(api.STATE_DIR)!r}))", check=False).returncode == 0
+
+
+def test_a_deploy_that_changes_pyhpcs_code_restarts_the_hub() -> None:
+    """The hub imports pyhpc once, when it starts. Here it is restarted on a copy with one
+    module edited by hand, as a hub started before an upgrade runs older code than the
+    copy's; the deploy puts the module back and, because the code changed, restarts the
+    hub, which then runs the copy's code. test_deploy.py's re-runs and drift show the hub
+    is not restarted otherwise."""
+    module = paths.SHARED_SRC / "pyhpc" / "hub" / "choices.py"
+    original = module.read_bytes()
+    try:
+        module.write_bytes(original + b"# an older pyhpc\n")
+        sh("service", "pyhpc-hub", "restart")
+        wait_for("the hub's record of the edited code", hub_runs_the_copy, 60, every=1)
+        before = Path("/run/pyhpc-hub.pid").read_text().strip()
+        proc = subprocess.run(["make", "--no-print-directory", "-C", str(paths.ROOT), "deploy"],
+                              capture_output=True, text=True, timeout=1800, check=False)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+    finally:
+        if module.read_bytes() != original:  # the deploy failed before its copy
+            module.write_bytes(original)
+    changed = deploy_bench.changed_tasks(proc.stdout)
+    assert "pyhpc_login : Copy the repository to the host" in changed
+    assert ("jupyterhub : Check that the hub's virtualenv runs pyhpc from the copy, and the hub "
+            "the copy's code") in changed
+    assert "RUNNING HANDLER [jupyterhub : Restart the hub]" in proc.stdout
+    assert Path("/run/pyhpc-hub.pid").read_text().strip() != before
+    wait_for("the restarted hub's record", hub_runs_the_copy, 60, every=1)
+    assert running.digest(paths.SHARED_SRC / "pyhpc") == running.digest(paths.ROOT / "pyhpc")
+    wait_for("the hub's answer", lambda: api.health(LAB)[0], 60)

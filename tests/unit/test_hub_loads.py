@@ -61,6 +61,14 @@ def test_the_config_loads_with_pyhpcs_classes_and_no_allow_all(hub) -> None:
     assert authenticator.local_users == ["root"]
 
 
+def test_the_hub_records_the_code_it_runs_as_it_loads(hub, config: Path) -> None:
+    """What the deploy's check compares with the copy (pyhpc.hub.running)."""
+    from pyhpc.hub import running
+
+    assert not running.stale(config.parent)
+    assert (config.parent / running.RECORD).stat().st_mode & 0o777 == 0o600
+
+
 def test_batchspawners_callback_takes_only_a_port() -> None:
     from jupyterhub.apihandlers import default_handlers
 

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 from jinja2.nativetypes import NativeEnvironment
 
 from pyhpc import cluster, paths
-from pyhpc.hub import api
+from pyhpc.hub import api, running
 from pyhpc.slurm import as_user, slurm
 
 ROLE = paths.ROOT / "ansible" / "roles" / "jupyterhub"
@@ -35,6 +36,13 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 }
 
 
+def to_json(value: Any) -> str:
+    """Ansible's filter; a value not resolved yet stays undefined (context() resolves again)."""
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    return json.dumps(value)
+
+
 def definition(case: str) -> cluster.Cluster:
     inventory, hub, _ = CASES[case]
     data = yaml.safe_load((paths.ROOT / "ansible" / "inventories" / inventory / "cluster.yml")
@@ -47,7 +55,7 @@ def context(case: str, **extra: Any) -> dict[str, Any]:
     """The role's defaults and vars, resolved as Ansible would for the hub's host."""
     facts = CASES[case][2]
     env = NativeEnvironment()
-    env.filters["to_json"] = json.dumps
+    env.filters["to_json"] = to_json
     ctx: dict[str, Any] = {
         "inventory_hostname": facts["inventory_hostname"], "ansible_managed": "Ansible managed",
         "groups": {"login": [facts["inventory_hostname"]]}, "ansible_facts": {"fqdn": facts["fqdn"]},
@@ -76,7 +84,7 @@ def resolve(env: NativeEnvironment, value: Any, ctx: dict[str, Any]) -> Any:
 def render(case: str, name: str, **extra: Any) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROLE / "templates"), trim_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
-    env.filters["to_json"] = json.dumps
+    env.filters["to_json"] = to_json
     return env.get_template(TEMPLATES[name]).render(context(case, **extra))
 
 
@@ -105,6 +113,25 @@ def test_the_role_and_pyhpc_agree_on_paths_and_ports() -> None:
     config = render("lab", "jupyterhub_config.py")
     assert '"http://127.0.0.1:8081"' in config and api.LOCAL_API.startswith("http://127.0.0.1:8081/")
     assert set(cluster.HUB_OWN_PORTS) >= {8081, 8001} and '"http://127.0.0.1:8001"' in config
+
+
+def test_the_deploys_check_tells_a_stale_hub_from_a_missing_install(tmp_path: Path) -> None:
+    """The role's check, run as the role runs it (this interpreter for the hub's): 0 when
+    the hub recorded the copy's code, 3 (the hub restarts) when not, 1 (pip installs
+    pyhpc) when pyhpc is not imported from the copy."""
+    def check(src: Path) -> int:
+        argv = context("lab", jupyterhub_src_dir=str(src), jupyterhub_state_dir=str(tmp_path),
+                       jupyterhub_prefix="/nonexistent")["jupyterhub_check_argv"]
+        assert argv[0] == "/nonexistent/bin/python"
+        return subprocess.run([sys.executable, *argv[1:]], check=False, timeout=60).returncode
+
+    package = Path(running.__file__).resolve().parents[2]
+    assert check(package) == 3  # no record yet
+    running.record(tmp_path)
+    assert check(package) == 0
+    (tmp_path / running.RECORD).write_text("0" * 64 + "\n")  # what an older hub recorded
+    assert check(package) == 3
+    assert check(tmp_path / "elsewhere") == 1
 
 
 def test_no_secret_is_in_the_configuration() -> None:

@@ -5,6 +5,7 @@
 import sys
 from pathlib import Path
 
+from pyhpc.hub import running
 from pyhpc.hub.auth import PyhpcAuthenticator
 from pyhpc.hub.spawner import PyhpcSlurmSpawner
 
@@ -15,6 +16,10 @@ STATE = Path("/var/lib/pyhpc-hub")
 def secret(name):
     return (STATE / name).read_text().strip()
 
+
+# The code this hub runs (pyhpc's modules, imported above): a deploy that changes it
+# restarts the hub (pyhpc.hub.running).
+running.record(STATE)
 
 # Browsers: HTTPS at https://hub.example.org:8443/. The proxy
 # (Debian's configurable-http-proxy, started by the hub) terminates TLS; its own API
