@@ -18,6 +18,7 @@ from test_directory import as_user
 
 from pyhpc import paths
 from pyhpc.containers import build as container_build
+from pyhpc.containers import run as container_run
 
 pytestmark = pytest.mark.integration
 
@@ -241,7 +242,11 @@ def test_doctor_starts_the_image_on_a_compute_node(built: dict, work: Path) -> N
 def test_a_runtime_that_cannot_start_ends_the_job_in_one_line_before_any_task(
         built: dict, work: Path) -> None:
     """An image crun cannot start (here: a rootfs with nothing to run) ends the job after the
-    check step with one line and exit 3; no task starts, no 'exit code 126' per task."""
+    check step with one line and exit 3; no task starts, no 'exit code 126' per task. Each
+    node's start ends by itself and removes its container: none is left in the submitter's
+    (here root's) podman storage (a start killed by the other node's failure left one)."""
+    containers = [*container_run.PODMAN, "ps", "--all", "--quiet", "--no-trunc"]
+    kept = set(subprocess.run(containers, capture_output=True, text=True, check=True).stdout.split())
     broken = work / "broken-image"
     (broken / "rootfs").mkdir(parents=True)
     (broken / "env").write_text("PATH=/usr/bin:/bin\n")
@@ -263,3 +268,5 @@ def test_a_runtime_that_cannot_start_ends_the_job_in_one_line_before_any_task(
     exit_code = subprocess.run(["sacct", "-X", "-n", "-P", "-j", result["job_id"], "-o", "ExitCode"],
                                capture_output=True, text=True, check=True).stdout.split()
     assert exit_code in ([], ["3:0"])
+    left = set(subprocess.run(containers, capture_output=True, text=True, check=True).stdout.split())
+    assert left <= kept, f"the check step left containers behind: {sorted(left - kept)}"
