@@ -93,9 +93,9 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
             break
         if submits and any(t in proc.stderr for t in AMBIGUOUS):
             if check:
-                raise AmbiguousSubmit(f"{argv[0]}: {why(proc)}; slurmctld may have accepted the job "
-                                 "all the same: look for it with squeue --me before submitting "
-                                 "again", argv[0])
+                raise AmbiguousSubmit(f"{argv[0]}: {why(proc)}; slurmctld may have accepted the "
+                                      "job all the same: look for it with squeue --me before "
+                                      "submitting again", argv[0])
             break
         if attempt < RETRIES:
             time.sleep(BACKOFF_S * 2 ** attempt)
