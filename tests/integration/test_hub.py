@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is
 LAB = cluster.load(paths.LAB_CLUSTER)
 WORKSHOP = "hubws"
 DOCS = paths.ROOT / "docs"
+MAKE_DEPLOY = ["make", "--no-print-directory", "-C", str(paths.ROOT), "deploy"]
 #: A server's job may wait for its node, then JupyterLab starts on two cores.
 SPAWN_S = 420
 #: Notebook 1 trains on the lab's nodes (its own jobs, in the reservation).
@@ -242,12 +243,11 @@ def short_timeout(tmp_path: Path) -> Iterator[None]:
     data["jupyterhub"] = {**(data.get("jupyterhub") or {}), "idle_timeout_min": 1}
     short = tmp_path / "cluster.yml"
     short.write_text(yaml.safe_dump(data))
-    make = ["make", "-C", str(paths.ROOT), "deploy"]
-    subprocess.run([*make, f"CLUSTER={short}"], check=True, timeout=1800)
+    subprocess.run([*MAKE_DEPLOY, f"CLUSTER={short}"], check=True, timeout=1800)
     try:
         yield
     finally:
-        subprocess.run(make, check=True, timeout=1800)
+        subprocess.run(MAKE_DEPLOY, check=True, timeout=1800)
 
 
 def test_the_culler_stops_an_idle_server(participants: list[dict[str, str]],
@@ -316,8 +316,8 @@ def test_a_deploy_that_changes_pyhpcs_code_restarts_the_hub() -> None:
         sh("service", "pyhpc-hub", "restart")
         wait_for("the hub's record of the edited code", hub_runs_the_copy, 60, every=1)
         before = Path("/run/pyhpc-hub.pid").read_text().strip()
-        proc = subprocess.run(["make", "--no-print-directory", "-C", str(paths.ROOT), "deploy"],
-                              capture_output=True, text=True, timeout=1800, check=False)
+        proc = subprocess.run(MAKE_DEPLOY, capture_output=True, text=True, timeout=1800,
+                              check=False)
         assert proc.returncode == 0, proc.stdout[-4000:]
     finally:
         if module.read_bytes() != original:  # the deploy failed before its copy
