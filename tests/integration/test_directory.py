@@ -5,6 +5,7 @@ workshop participants through `su - USER -c ...`, the way a participant logs in.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from pyhpc import cluster, paths
 from pyhpc.admin import directory, directory_sync
+from tests.unit.roleplay import ANSIBLE, extra, other_plays_off, results, run_playbook
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
@@ -178,3 +180,45 @@ def test_the_directory_secret_is_private_and_never_logged() -> None:
     # Users bind as themselves only: the admin password opens nothing for them.
     assert as_user("user1", "ldapsearch -x -LLL uid=user1 userPassword").stdout.count(
         "userPassword") == 0
+
+
+def files_state(*roots: Path) -> dict[str, tuple[int, int, int, str]]:
+    """Every file and directory under ``roots``: mode, owner, mtime and content hash."""
+    state = {}
+    for root in roots:
+        for path in [root, *sorted(root.rglob("*"))] if root.is_dir() else [root]:
+            info = path.lstat()
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+            state[str(path)] = (info.st_mode, info.st_uid, info.st_mtime_ns, digest)
+    return state
+
+
+def test_a_slapd_without_the_definitions_base_dn_stops_the_deploy_with_one_line(
+        tmp_path: Path) -> None:
+    """The case of a slapd pyhpc did not install (Debian's default database) and of a
+    base_dn changed after the first deploy: slapd serves no database for the definition's
+    base_dn. The lab's slapd serves dc=lab,dc=pyhpc; a definition that asks for another
+    stops the directory play before it changes anything."""
+    text = paths.LAB_CLUSTER.read_text()
+    assert text.count("\ndirectory: {}\n") == 1
+    elsewhere = tmp_path / "cluster.yml"
+    elsewhere.write_text(text.replace("\ndirectory: {}\n",
+                                      "\ndirectory: {base_dn: 'dc=elsewhere,dc=pyhpc'}\n"))
+    watched = (Path("/etc/ldap/slapd.d"), Path("/etc/default/slapd"), Path("/etc/pyhpc/secrets"))
+    before, slapd = files_state(*watched), Path("/run/slapd/slapd.pid").read_text()
+    proc, report = run_playbook(ANSIBLE / "inventories" / "lab" / "hosts.yml", ANSIBLE / "site.yml",
+                                *extra(pyhpc_cluster_file=str(elsewhere), **other_plays_off("directory")),
+                                timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    ran = results(report)
+    check = ran["Check that slapd serves the definition's base_dn"]
+    assert check["failed"] and check["msg"] == (
+        "directory.base_dn: slapd on localhost serves dc=lab,dc=pyhpc, not dc=elsewhere,dc=pyhpc; "
+        "pyhpc builds slapd's database only when it installs slapd: set directory.base_dn to one "
+        "it serves, or remove that slapd (apt-get purge slapd, or make purge) and deploy again")
+    assert not any(result.get("changed") for result in ran.values())
+    assert "Create the directory for the secrets" not in ran
+    assert files_state(*watched) == before
+    assert Path("/run/slapd/slapd.pid").read_text() == slapd
+    assert sh("ldapsearch", "-x", "-LLL", "-H", "ldapi:///", "-b", lab_directory().base_dn,
+              "-s", "base", "dn").stdout.startswith(f"dn: {lab_directory().base_dn}")
