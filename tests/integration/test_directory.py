@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,3 +225,51 @@ def test_a_slapd_without_the_definitions_base_dn_stops_the_deploy_with_one_line(
     assert Path("/run/slapd/slapd.pid").read_text() == slapd
     assert sh("ldapsearch", "-x", "-LLL", "-H", "ldapi:///", "-b", lab_directory().base_dn,
               "-s", "base", "dn").stdout.startswith(f"dn: {lab_directory().base_dn}")
+
+
+@pytest.fixture
+def foreign_nscd() -> Iterator[int]:
+    """nscd's program in pid and mount namespaces of its own (its socket, pid file and cache
+    its own): another host's nscd on this one, as in hostlab's containers or any container."""
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+                             "sh", "-c", "mount -t tmpfs pyhpc-test /run/nscd && "
+                             "mount -t tmpfs pyhpc-test /var/cache/nscd && "
+                             "exec /usr/sbin/nscd --foreground"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    found: list[str] = []
+    try:
+        for _ in range(100):
+            found = sh("pgrep", "-P", str(proc.pid), "-x", "nscd", check=False).stdout.split()
+            if found or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert found, "the foreign nscd did not start"
+        yield int(found[0])
+    finally:
+        # The namespace's first process: the kernel ends the namespace with it.
+        for pid in found:
+            sh("kill", "-KILL", pid, check=False)
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_changed_nscd_setting_restarts_this_hosts_nscd_and_leaves_others_running(
+        foreign_nscd: int) -> None:
+    """Debian's nscd script stops every process of nscd's program, in any pid namespace,
+    after waiting 30 s for them; the role restarts this host's nscd by its pid file only."""
+    conf = Path("/etc/nscd.conf")
+    text = conf.read_text()
+    drifted = re.sub(r"(?m)^(\tpositive-time-to-live\tpasswd\t+)\d+$", r"\g<1>3600", text)
+    assert drifted != text
+    conf.write_text(drifted)
+    ours = Path("/run/nscd/nscd.pid").read_text().strip()
+    proc, report = run_playbook(ANSIBLE / "inventories" / "lab" / "hosts.yml", ANSIBLE / "site.yml",
+                                *extra(pyhpc_cluster_file=str(paths.LAB_CLUSTER),
+                                       **other_plays_off("directory")), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert results(report)["Restart nscd"]["changed"]
+    assert conf.read_text() == text
+    restarted = Path("/run/nscd/nscd.pid").read_text().strip()
+    assert restarted != ours and os.readlink(f"/proc/{restarted}/exe") == "/usr/sbin/nscd"
+    assert os.readlink(f"/proc/{foreign_nscd}/exe") == "/usr/sbin/nscd"  # still running
+    assert sh("getent", "passwd", "user1").stdout.startswith("user1:")
