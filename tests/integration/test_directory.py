@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
