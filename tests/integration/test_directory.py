@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,6 +196,13 @@ def files_state(*roots: Path) -> dict[str, tuple[int, int, int, str]]:
     return state
 
 
+def directory_play(cluster_file: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """site.yml on the lab with CLUSTER_FILE and only the directory's play on."""
+    return run_playbook(ANSIBLE / "inventories" / "lab" / "hosts.yml", ANSIBLE / "site.yml",
+                        *extra(pyhpc_cluster_file=str(cluster_file), **other_plays_off("directory")),
+                        timeout=300)
+
+
 def test_a_slapd_without_the_definitions_base_dn_stops_the_deploy_with_one_line(
         tmp_path: Path) -> None:
     """The case of a slapd pyhpc did not install (Debian's default database) and of a
@@ -208,9 +216,7 @@ def test_a_slapd_without_the_definitions_base_dn_stops_the_deploy_with_one_line(
                                       "\ndirectory: {base_dn: 'dc=elsewhere,dc=pyhpc'}\n"))
     watched = (Path("/etc/ldap/slapd.d"), Path("/etc/default/slapd"), Path("/etc/pyhpc/secrets"))
     before, slapd = files_state(*watched), Path("/run/slapd/slapd.pid").read_text()
-    proc, report = run_playbook(ANSIBLE / "inventories" / "lab" / "hosts.yml", ANSIBLE / "site.yml",
-                                *extra(pyhpc_cluster_file=str(elsewhere), **other_plays_off("directory")),
-                                timeout=300)
+    proc, report = directory_play(elsewhere)
     assert proc.returncode == 2, proc.stderr
     ran = results(report)
     check = ran["Check that slapd serves the definition's base_dn"]
@@ -262,9 +268,7 @@ def test_a_changed_nscd_setting_restarts_this_hosts_nscd_and_leaves_others_runni
     assert drifted != text
     conf.write_text(drifted)
     ours = Path("/run/nscd/nscd.pid").read_text().strip()
-    proc, report = run_playbook(ANSIBLE / "inventories" / "lab" / "hosts.yml", ANSIBLE / "site.yml",
-                                *extra(pyhpc_cluster_file=str(paths.LAB_CLUSTER),
-                                       **other_plays_off("directory")), timeout=300)
+    proc, report = directory_play(paths.LAB_CLUSTER)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert results(report)["Restart nscd"]["changed"]
     assert conf.read_text() == text
