@@ -13,7 +13,7 @@ BIN = Path(sys.executable).parent
 
 def test_ruff_is_clean_on_the_package_benchmarks_hostlab_and_tests() -> None:
     proc = subprocess.run([str(BIN / "ruff"), "check", "pyhpc", "benchmarks", "hostlab", "tests",
-                           "ansible/roles/containers/files"], cwd=paths.ROOT,
+                           "ansible/roles/containers/files", "ansible/collections"], cwd=paths.ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -22,12 +22,14 @@ BIN = Path(sys.executable).parent
 ANSIBLE = paths.ROOT / "ansible"
 
 
-def run_playbook(inventory: Path, playbook: Path, *args: str,
-                 timeout: int = 120) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """ansible-playbook -i INVENTORY ARGS PLAYBOOK; the process and its JSON report."""
+def run_playbook(inventory: Path, playbook: Path, *args: str, timeout: int = 120,
+                 env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """ansible-playbook -i INVENTORY ARGS PLAYBOOK (with `env` added to the environment);
+    the process and its JSON report."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"),
                ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {}))
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args, str(playbook)],
                           capture_output=True, text=True, env=env, timeout=timeout, check=False)
     return proc, json.loads(proc.stdout)

@@ -1,0 +1,241 @@
+"""pyhpc.deploy's copy, template and file actions: a path already as asked is checked in one
+shell command, with no module run; anything else ends as the builtin actions leave it.
+
+The probe runs here in ``sh`` on real paths; the actions run in ansible-playbook with the
+repository's ansible.cfg, each beside its builtin twin on a twin path, and the twins must
+agree after every run: first, again (nothing to do), and after drift made by hand.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.unit.roleplay import ANSIBLE, run_playbook
+
+PROBE_FILE = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins/plugin_utils/probe.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pyhpc_deploy_probe", PROBE_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+probe = _load()
+
+
+def probed(path: Path) -> dict[str, Any] | None:
+    done = subprocess.run(["sh", "-c", probe.command(str(path))], capture_output=True, text=True,
+                          check=True)
+    result: dict[str, Any] | None = probe.parse(done.stdout)
+    return result
+
+
+def test_the_probe_reads_a_plain_file_as_the_stat_module_does(tmp_path: Path) -> None:
+    path = tmp_path / "it's a file; $(true)"
+    path.write_bytes(b"some bytes\n")
+    path.chmod(0o4751)
+    found = probed(path)
+    assert found is not None
+    info = path.stat()
+    assert found == {"exists": True, "isdir": False, "isreg": True, "islnk": False,
+                    "uid": info.st_uid, "gid": info.st_gid,
+                    "pw_name": pwd.getpwuid(info.st_uid).pw_name,
+                    "gr_name": subprocess.run(["stat", "-c", "%G", str(path)], capture_output=True,
+                                              text=True, check=True).stdout.strip(),
+                    "mode": "4751", "checksum": hashlib.sha1(b"some bytes\n").hexdigest()}
+
+
+def test_the_probe_reads_a_directory_and_an_absent_path(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir(mode=0o710)
+    (tmp_path / "d").chmod(0o710)
+    found = probed(tmp_path / "d")
+    assert found is not None and found["isdir"] and not found["isreg"] and found["mode"] == "0710"
+    assert "checksum" not in found
+    assert probed(tmp_path / "nothing") == {"exists": False, "isdir": False, "isreg": False,
+                                            "islnk": False, "checksum": "1"}
+
+
+def test_a_link_or_a_fifo_is_left_to_the_modules(tmp_path: Path) -> None:
+    (tmp_path / "target").write_text("x\n")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("link", "dangling", "fifo"):
+        assert probed(tmp_path / name) is None, name
+    for garbage in ("", "file 0 0 root root", "file 0 0 root root 644\nnot-a-digest  -",
+                    "directory 0 0 root root 755\nextra", "file 0 0 root root 6x4\n" + "a" * 40):
+        assert probe.parse(garbage) is None, garbage
+
+
+FILE = {"exists": True, "isdir": False, "isreg": True, "islnk": False, "uid": 0, "gid": 42,
+        "pw_name": "root", "gr_name": "shadow", "mode": "0640", "checksum": "a" * 40}
+
+
+@pytest.mark.parametrize("args", [
+    {"dest": "/x", "state": "file", "owner": "root", "group": "shadow", "mode": "0640"},
+    {"dest": "/x", "state": "file", "owner": "0", "group": 42, "mode": "640"},
+    {"dest": "/x", "state": "file", "mode": 0o640, "_original_basename": "x.j2", "recurse": False,
+     "follow": True, "unsafe_writes": None, "seuser": None},
+    {"path": "/x"},
+])
+def test_a_file_as_asked_is_settled_without_the_module(args: dict[str, Any]) -> None:
+    settled = probe.settled(args, FILE)
+    assert settled is not None and settled["changed"] is False and settled["path"] == "/x"
+
+
+@pytest.mark.parametrize("args", [
+    {"dest": "/x", "state": "file", "mode": "0644"},
+    {"dest": "/x", "state": "file", "mode": "u=rw,g=r"},
+    {"dest": "/x", "state": "file", "mode": True},
+    {"dest": "/x", "state": "file", "owner": "nobody"},
+    {"dest": "/x", "state": "file", "group": "root"},
+    {"dest": "/x", "state": "file", "seuser": "system_u"},
+    {"dest": "/x", "state": "file", "attributes": "+i"},
+    {"dest": "/x", "state": "directory"},
+    {"dest": "/x", "state": "absent"},
+    {"dest": "/x", "state": "touch"},
+    {"dest": "/x", "state": "link", "src": "/y"},
+    {"dest": "/x", "state": "file", "recurse": True},
+])
+def test_anything_else_takes_the_module(args: dict[str, Any]) -> None:
+    assert probe.settled(args, FILE) is None
+    assert probe.settled(args, None) is None
+
+
+def test_an_absent_path_asked_absent_is_settled() -> None:
+    absent = probe.parse("absent\n")
+    assert probe.settled({"path": "/x", "state": "absent"}, absent) == {
+        "changed": False, "path": "/x", "state": "absent"}
+    assert probe.settled({"path": "/x", "state": "directory"}, absent) is None
+
+
+# --- the actions in ansible-playbook, each beside its builtin twin ------------------------
+
+PLAY = """\
+- hosts: localhost
+  gather_facts: false
+  vars:
+    greeting: hello
+  tasks:
+{tasks}
+"""
+TASK = """\
+    - name: {name} ({kind})
+      {action}:
+{args}
+"""
+#: (name, action's short name, arguments with {d} for the twin's directory).
+CASES = [
+    ("template", "template", {"src": "{t}/greeting.j2", "dest": "{d}/greeting.conf",
+                              "owner": "root", "group": "root", "mode": "0640"}),
+    ("copy", "copy", {"content": "a line\n", "dest": "{d}/copied", "mode": "0604"}),
+    ("copy once", "copy", {"content": "first\n", "dest": "{d}/once", "force": False,
+                           "mode": "0600"}),
+    ("directory", "file", {"path": "{d}/dir", "state": "directory", "mode": "0750"}),
+    ("absent", "file", {"path": "{d}/unwanted", "state": "absent"}),
+]
+TWINS = {"pyhpc": "pyhpc.deploy", "builtin": "ansible.builtin"}
+
+
+def write_play(where: Path, kinds: list[str]) -> Path:
+    tasks = []
+    for kind in kinds:
+        (where / kind).mkdir(exist_ok=True)
+        for name, action, args in CASES:
+            lines = "\n".join(
+                f"        {key}: {value.format(d=where / kind, t=where / 'templates')!r}"
+                if isinstance(value, str) else f"        {key}: {value}" for key, value in args.items())
+            tasks.append(TASK.format(name=name, kind=kind, action=f"{TWINS[kind]}.{action}", args=lines))
+    path = where / f"play-{'-'.join(kinds)}.yml"
+    path.write_text(PLAY.format(tasks="".join(tasks)))
+    return path
+
+
+@pytest.fixture
+def where(tmp_path: Path) -> Path:
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "greeting.j2").write_text("{{ greeting }}, world\n")
+    (tmp_path / "hosts").write_text(
+        "localhost ansible_connection=local ansible_python_interpreter=/usr/bin/python3\n")
+    return tmp_path
+
+
+def converge(where: Path, kinds: list[str]) -> tuple[dict[str, dict[str, bool]], list[str]]:
+    """Run the play of `kinds`: kind -> task -> changed, and the modules it sent to the
+    host (kept: ANSIBLE_KEEP_REMOTE_FILES), sorted."""
+    remote = where / "remote"
+    shutil.rmtree(remote, ignore_errors=True)
+    proc, report = run_playbook(where / "hosts", write_play(where, kinds), env={
+        "ANSIBLE_KEEP_REMOTE_FILES": "1", "ANSIBLE_REMOTE_TMP": str(remote)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    changed: dict[str, dict[str, bool]] = {kind: {} for kind in kinds}
+    for task in report["plays"][0]["tasks"]:
+        name, kind = task["task"]["name"][:-1].split(" (")
+        changed[kind][name] = bool(task["hosts"]["localhost"].get("changed"))
+    sent = sorted(p.name for p in remote.rglob("AnsiballZ_*.py")) if remote.exists() else []
+    return changed, sent
+
+
+def snapshot(where: Path, kind: str) -> dict[str, tuple[Any, ...]]:
+    """Each case's path: its type, mode, owner, group and content or link target."""
+    found: dict[str, tuple[Any, ...]] = {}
+    for path in sorted((where / kind).iterdir()):
+        info = path.lstat()
+        body: Any = (os.readlink(path) if path.is_symlink() else
+                     None if path.is_dir() else path.read_bytes())
+        found[path.name] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode),
+                            info.st_uid, info.st_gid, body)
+    return found
+
+
+def test_the_actions_converge_as_the_builtins_do_and_run_no_module_when_nothing_changed(
+        where: Path) -> None:
+    both = list(TWINS)
+    for kind in both:
+        (where / kind).mkdir()
+        (where / kind / "unwanted").write_text("planted\n")
+    changed, _ = converge(where, both)
+    assert changed["pyhpc"] == changed["builtin"] == {name: True for name, _, _ in CASES}
+    assert snapshot(where, "pyhpc") == snapshot(where, "builtin")
+    assert (where / "pyhpc" / "greeting.conf").read_text() == "hello, world\n"
+
+    changed, sent = converge(where, ["pyhpc"])
+    assert changed["pyhpc"] == {name: False for name, _, _ in CASES}
+    assert sent == []  # not one module run: each path checked by the probe alone
+    changed, sent = converge(where, ["builtin"])
+    assert changed["builtin"] == {name: False for name, _, _ in CASES}
+    assert sent  # the builtins' stat and file modules, for the same answer
+
+    victim = where / "victim"
+    victim.write_text("not pyhpc's\n")
+    nobody = pwd.getpwnam("nobody")
+    for kind in both:
+        d = where / kind
+        os.chown(d / "greeting.conf", nobody.pw_uid, nobody.pw_gid)
+        (d / "greeting.conf").chmod(0o666)
+        (d / "copied").unlink()
+        (d / "copied").symlink_to(victim)  # planted: the write must replace the link
+        (d / "once").write_text("edited by hand\n")  # force: false keeps it
+        (d / "dir").chmod(0o777)
+        (d / "unwanted").write_text("planted again\n")
+    changed, _ = converge(where, both)
+    expected = {name: name != "copy once" for name, _, _ in CASES}
+    assert changed["pyhpc"] == changed["builtin"] == expected
+    assert snapshot(where, "pyhpc") == snapshot(where, "builtin")
+    assert victim.read_text() == "not pyhpc's\n"
+    assert (where / "pyhpc" / "once").read_text() == "edited by hand\n"
+    info = (where / "pyhpc" / "greeting.conf").stat()
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o640)
