@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import pwd
 import re
 import stat
 import subprocess
@@ -195,7 +196,8 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
     a pinned Python package removed by hand come back, though the re-run runs apt and pip
     only where a package is missing (site.yml's dpkg listing, pyhpc.pins). A directory's
     time in the repository copy is no drift: pip's editable install and a job's __pycache__
-    add entries there (a fresh deploy's second run reported the copy changed). The job-end
+    add entries there (a fresh deploy's second run reported the copy changed). A rendered
+    file's owner and mode, and a directory's mode, come back (pyhpc.deploy's probe). The job-end
     record's copy of its modules (one rsync) gets an edited module and a mode back, and
     loses a module it does not import."""
     records = LAB.monitoring.enabled and LAB.monitoring.job_records
@@ -211,6 +213,11 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
     for path in ("/etc/slurm/cgroup.conf", "/etc/slurm/slurmdbd.conf"):
         with open(path, "a") as conf:
             conf.write("# edited by hand\n")
+    # Right content, wrong owner and modes: pyhpc.deploy's probe must see them too.
+    nobody = pwd.getpwnam("nobody")
+    os.chown("/etc/slurm/gres.conf", nobody.pw_uid, nobody.pw_gid)
+    os.chmod("/etc/slurm/gres.conf", 0o666)
+    os.chmod("/etc/pyhpc", 0o700)
     sh("apt-get", "remove", "-y", "-q", "debconf-utils")  # the directory role's; a leaf
     sh("/opt/pyhpc/venv/bin/pip", "uninstall", "-y", "-q", "batchspawner")  # the hub's, in jobs'
     proc = make("deploy")
@@ -223,6 +230,9 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
     expected = {"slurmdbd.pid"} | {f"slurmd-{n.name}.pid" for n in LAB.nodes}
     assert restarted == expected
     assert "# edited by hand" not in Path("/etc/slurm/cgroup.conf").read_text()
+    for path, mode in (("/etc/slurm/gres.conf", 0o644), ("/etc/pyhpc", 0o755)):
+        info = os.stat(path)
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, mode), path
     if records:
         assert record_copy() == {m: (0o100644, (paths.ROOT / m).read_bytes()) for m in RECORD_MODULES}
 
