@@ -22,8 +22,7 @@ class ActionModule(BuiltinCopy):
     def _execute_remote_stat(self, path: Any, all_vars: Any, follow: Any, tmp: Any = None,
                              checksum: bool = True) -> Any:
         if not follow:  # the probe's checksum costs a small file's read; asked for or not
-            done = self._low_level_execute_command(probe.command(str(path)))
-            stat = probe.parse(done.get("stdout", "")) if done.get("rc") == 0 else None
+            stat = probe.ask(self, str(path))
             if stat is not None:
                 self._probes[str(path)] = stat
                 return stat

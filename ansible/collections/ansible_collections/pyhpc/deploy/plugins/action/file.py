@@ -20,9 +20,7 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         path = args.get("path") or args.get("dest")
         if isinstance(path, str) and path:
-            done = self._low_level_execute_command(probe.command(path))
-            settled = probe.settled(args, probe.parse(done.get("stdout", "")) if done.get("rc") == 0
-                                    else None)
+            settled = probe.settled(args, probe.ask(self, path))
             if settled is not None:
                 return {**result, **settled}
         result.update(self._execute_module(module_name="ansible.legacy.file", module_args=args,

@@ -30,6 +30,13 @@ def command(path: str) -> str:
     return PROBE.format(path=shlex.quote(path))
 
 
+def ask(action: Any, path: str) -> dict[str, Any] | None:
+    """Probe `path` through `action`'s connection (and become); the stat module's answer,
+    or None where the module must ask."""
+    done = action._low_level_execute_command(command(path))
+    return parse(done.get("stdout", "")) if done.get("rc") == 0 else None
+
+
 def parse(stdout: str) -> dict[str, Any] | None:
     """The stat module's answer (its keys) for what PROBE printed; None for a link, a
     device or anything unexpected, where the stat module must ask."""
