@@ -347,10 +347,7 @@ def start_hosts(podman: Podman, hosts: Sequence[str], release: str) -> list[str]
             # podman's state outlived the host's processes (they were killed from
             # outside, e.g. with the session that started them): start it anew.
             log(f"{host} is listed as running but does not answer; recreating it")
-            # The first rm finds the runtime's container gone and marks it stopped, then
-            # gives up ("container state improper"); the second removes it.
-            if podman.run("rm", "--force", "--time", "0", host, check=False).returncode:
-                podman.out("rm", "--force", "--time", "0", host)
+            remove(podman, [host], stop_s=0)
             del current[host]
         elif row and row["State"] == "running" and row["ImageID"] != image_id:
             log(f"{host} runs an image other than {image} (older, or another release); "
@@ -368,6 +365,22 @@ def start_hosts(podman: Podman, hosts: Sequence[str], release: str) -> list[str]
     with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
         list(pool.map(start, started))
     return started
+
+
+def remove(podman: Podman, names: Sequence[str], stop_s: int) -> None:
+    """`podman rm --force` the containers, each given `stop_s` to stop.
+
+    A container whose processes were killed from outside, conmon first, stays "running" in
+    podman's state with no exit file ever written: a session's end leaves every host so. The
+    first rm finds the runtime's container gone, marks it stopped and gives up on it ("timed
+    out waiting for file .../exits/ID" or "container state improper"); the second removes
+    it, and ignores those the first removed."""
+    argv = ("rm", "--force", "--time", str(stop_s))
+    first = podman.run(*argv, *names, check=False)
+    if first.returncode:
+        detail = (first.stderr or "").strip().splitlines()[-1:]
+        log(f"podman rm failed ({detail[0] if detail else first.returncode}); removing again")
+        podman.out(*argv, "--ignore", *names)
 
 
 def answers(podman: Podman, host: str) -> bool:
@@ -492,7 +505,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     with locked():
         names = sorted(podman.containers())
         if names:
-            podman.out("rm", "--force", "--time", "10", *names)
+            remove(podman, names, stop_s=10)
             log(f"removed {', '.join(names)}")
         if podman.exists("network", NETWORK):
             podman.out("network", "rm", NETWORK)

@@ -1,6 +1,7 @@
 """hostlab life cycle on Debian 13 hosts (Slurm 24.11): add and remove a compute host,
-restart the controller host mid-job. (A compute host's restart mid-job is
-test_hostlab_pyhpc.py's, with a `pyhpc train` job on Debian 12 hosts.)
+restart the controller host mid-job, and last `make hostlab-down` after a session's end
+killed the hosts' processes. (A compute host's restart mid-job is test_hostlab_pyhpc.py's,
+with a `pyhpc train` job on Debian 12 hosts.)
 
 The same commands an admin runs on a real cluster: edit the definition and the
 inventory, `make hostlab-up` (the new host's machine) and `make hostlab-deploy`. The
@@ -32,6 +33,7 @@ from test_hostlab import (
     release_hosts,
     run_on,
     sacct_state,
+    status,
     still_converged,
 )
 
@@ -191,3 +193,25 @@ def test_restarting_the_controller_host_keeps_the_queue(cluster: dict[str, Any])
     assert job_state(held) == "PENDING"
     assert job_state(running) == "RUNNING"
     on("login", "scancel", held, running)
+
+
+def test_down_removes_hosts_whose_processes_were_killed(cluster: dict[str, Any]) -> None:
+    """A session's end kills every process, conmon first, and podman's state still lists the
+    hosts as running: `make hostlab-down` must remove them all the same (the CI run after
+    60bd39f failed here). Some hosts killed, the others live, as a mix the first rm meets.
+    Last in this module: the Debian 12 modules that follow take the hosts down anyway."""
+    mark_converged(None)
+    killed = ["login", COMPUTE[0]]
+    for host in killed:
+        proc, _ = _run([*HOSTLAB, "podman", "inspect", "--format",
+                        "{{.State.ConmonPid}} {{.State.Pid}}", host])
+        conmon, init = proc.stdout.split()
+        subprocess.run(["kill", "-KILL", conmon], check=True)
+        subprocess.run(["kill", "-KILL", init], check=True)
+    assert {host: row["state"] for host, row in status().items() if host in killed} == dict.fromkeys(
+        killed, "running")
+    out, _ = make_with("hostlab-down")
+    assert "podman rm failed" in out and "removing again" in out, out
+    assert {row["state"] for row in status().values()} == {"absent"}, status()
+    proc, _ = _run([*HOSTLAB, "podman", "ps", "--all", "--quiet", "--filter", "label=org.pyhpc.hostlab"])
+    assert proc.stdout.strip() == ""
