@@ -11,7 +11,7 @@ from pyhpc import paths
 BIN = Path(sys.executable).parent
 
 
-def test_ruff_is_clean_on_the_package_benchmarks_hostlab_and_tests() -> None:
+def test_ruff_is_clean_on_the_package_benchmarks_hostlab_tests_and_ansibles_python() -> None:
     proc = subprocess.run([str(BIN / "ruff"), "check", "pyhpc", "benchmarks", "hostlab", "tests",
                            "ansible/roles/containers/files", "ansible/collections"], cwd=paths.ROOT,
                           capture_output=True, text=True)
