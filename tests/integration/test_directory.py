@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -196,11 +197,11 @@ def files_state(*roots: Path) -> dict[str, tuple[int, int, int, str]]:
     return state
 
 
-def directory_play(cluster_file: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """site.yml on the lab with CLUSTER_FILE and only the directory's play on."""
+def directory_play(cluster_file: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """site.yml on the lab with CLUSTER_FILE and only the directory's play on (and ARGS)."""
     return run_playbook(ANSIBLE / "inventories" / "lab" / "hosts.yml", ANSIBLE / "site.yml",
                         *extra(pyhpc_cluster_file=str(cluster_file), **other_plays_off("directory")),
-                        timeout=300)
+                        *args, timeout=300)
 
 
 def test_a_slapd_without_the_definitions_base_dn_stops_the_deploy_with_one_line(
@@ -230,6 +231,65 @@ def test_a_slapd_without_the_definitions_base_dn_stops_the_deploy_with_one_line(
     assert Path("/run/slapd/slapd.pid").read_text() == slapd
     assert sh("ldapsearch", "-x", "-LLL", "-H", "ldapi:///", "-b", lab_directory().base_dn,
               "-s", "base", "dn").stdout.startswith(f"dn: {lab_directory().base_dn}")
+
+
+SLAPD_RECORD = Path("/etc/ldap/pyhpc-slapd")
+
+
+def purge_check() -> dict[str, dict[str, Any]]:
+    """`make purge`'s directory pass in check mode: what it would stop and remove, nothing done."""
+    proc, report = directory_play(paths.LAB_CLUSTER, "--check",
+                                  *extra(pyhpc_state="absent", pyhpc_purging=True))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return results(report)
+
+
+def items(result: dict[str, Any]) -> list[Any]:
+    """The items a looped task ran for (not those its condition skipped)."""
+    return [r["item"] for r in result["results"] if not r.get("skipped")]
+
+
+def test_undeploy_and_purge_touch_only_the_slapd_pyhpc_installed(tmp_path: Path) -> None:
+    """pyhpc records the slapd it installs (SLAPD_RECORD). This lab's slapd predates the
+    record: a deploy without it asks slapd, and finds pyhpc's secret is its admin's password.
+    `make undeploy` stops, and `make purge` removes, that slapd with its database; a slapd
+    without the record (another's, with the definition's base_dn) they leave alone."""
+    watched = (Path("/etc/ldap/slapd.d"), Path("/etc/default/slapd"), Path("/etc/pyhpc/secrets"))
+    slapd = Path("/run/slapd/slapd.pid").read_text()
+    hidden = tmp_path / "record"
+    shutil.move(SLAPD_RECORD, hidden)
+    try:
+        proc, report = directory_play(paths.LAB_CLUSTER)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        ran = results(report)
+        assert ran["Ask slapd whether pyhpc built its database, where no record says"]["rc"] == 0
+        assert ran["Record that pyhpc installed this host's slapd (undeploy and purge touch no other)"][
+            "changed"]
+        info = SLAPD_RECORD.lstat()
+        assert (info.st_uid, info.st_mode & 0o7777) == (0, 0o644)
+        before = files_state(*watched)
+        ours = purge_check()
+        shutil.move(SLAPD_RECORD, hidden)
+        foreign = purge_check()
+    finally:
+        if not SLAPD_RECORD.exists():
+            shutil.move(hidden, SLAPD_RECORD)
+    assert files_state(*watched) == before
+    assert Path("/run/slapd/slapd.pid").read_text() == slapd
+    stop, purge = "Stop nslcd, nscd and the slapd pyhpc installed", "Purge the directory's packages"
+    remove = "Remove the secrets, the TLS files and the database and configuration of pyhpc's slapd"
+    slapds = ["/var/lib/ldap", "/etc/ldap/slapd.d", "/etc/ldap/pyhpc-tls", str(SLAPD_RECORD)]
+    assert items(ours[stop]) == ["nslcd", "slapd"] and ours[stop]["changed"]
+    assert "slapd" in ours[purge]["invocation"]["module_args"]["name"]
+    assert set(slapds) <= set(items(ours[remove])) and items(ours[remove])[-1] == str(SLAPD_RECORD)
+    assert ours["Leave alone a slapd that pyhpc did not install"].get("skipped")
+    assert items(foreign[stop]) == ["nslcd"]
+    assert "slapd" not in foreign[purge]["invocation"]["module_args"]["name"]
+    assert not set(slapds) & set(items(foreign[remove])), items(foreign[remove])
+    assert "/etc/pyhpc/secrets/directory-ca.key" in items(foreign[remove])
+    assert foreign["Leave alone a slapd that pyhpc did not install"]["msg"] == (
+        "slapd on localhost was not installed by pyhpc (no /etc/ldap/pyhpc-slapd): left running, "
+        "with its package, database, configuration and TLS files")
 
 
 @pytest.fixture
