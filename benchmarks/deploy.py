@@ -3,12 +3,14 @@
 In one run: purge the cluster (`make undeploy PURGE=1`), then the floor: `apt-get install`
 of every role's Debian packages for the lab's functions and a plain `pip install -r` of each
 requirements file the deploy installs (the control node's deploy.txt; the job runtime's
-runtime.txt and singleuser.txt; the hub's hub.txt), each into a new virtualenv. Purge again;
-then, on a clean `git clone` of this checkout, time `make venv-deploy` and `make deploy`
-(profiled), and the idempotent re-run there. Prints the figures and writes
-benchmarks/results/deploy.json. Targets (issue 28): the fresh deploy, `.venv` included,
-<= 180 s and <= 1.3x the plain install. This purges the lab: it is down for several minutes
-and comes back up at the end from this checkout (also when a step fails).
+runtime.txt and singleuser.txt; the hub's hub.txt), each into a new virtualenv. Then purge
+the packages that plain install added, with the database of its slapd (pyhpc's purge leaves
+a slapd pyhpc did not install, and the deploy refuses it). Then, on a clean `git clone` of
+this checkout, time `make venv-deploy` and `make deploy` (profiled), and the idempotent
+re-run there. Prints the figures and writes benchmarks/results/deploy.json. Targets (issue
+28): the fresh deploy, `.venv` included, <= 180 s and <= 1.3x the plain install. This purges
+the lab: it is down for several minutes and comes back up at the end from this checkout
+(also when a step fails).
 
     python -m benchmarks.deploy              # the benchmark (purges and redeploys)
     python -m benchmarks.deploy --dry-run    # print the plan and package list only
@@ -112,11 +114,34 @@ def make(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> tup
     return timed(["make", "--no-print-directory", "-C", str(cwd), *args], env)
 
 
-def plain_install(pkgs: list[str], work: Path) -> dict[str, float]:
+APT_ENV = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+#: What slapd's purge keeps (Debian asks before removing a database; unattended, it does not).
+SLAPD_DATA = (Path("/var/lib/ldap"), Path("/etc/ldap/slapd.d"))
+
+
+def installed_debs() -> set[str]:
+    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Status}\n"],
+                         capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.endswith(" installed")}
+
+
+def remove_plain_debs(added: list[str]) -> None:
+    """Purge the packages the plain install added (dependencies included), and the database
+    of the slapd it installed: they are the benchmark's, and pyhpc's purge leaves them."""
+    if added:
+        timed(["apt-get", "purge", "-y", "-q", *added], APT_ENV)
+    if "slapd" in added:
+        for path in SLAPD_DATA:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def plain_install(pkgs: list[str], work: Path) -> tuple[dict[str, float], list[str]]:
     """The floor: apt-get install of the packages, then pip install -r of each set into a
-    new virtualenv under ``work`` (pip's cache as it is, as the deploy finds it)."""
-    apt_env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    took = {"apt": timed(["apt-get", "install", "-y", "-q", *pkgs], apt_env)[0]}
+    new virtualenv under ``work`` (pip's cache as it is, as the deploy finds it). Also the
+    packages apt added."""
+    before = installed_debs()
+    took = {"apt": timed(["apt-get", "install", "-y", "-q", *pkgs], APT_ENV)[0]}
+    added = sorted(installed_debs() - before)
     reqs = ROOT / "requirements"
     for venv, files, extra in PIP_SETS:
         path = work / venv
@@ -131,7 +156,7 @@ def plain_install(pkgs: list[str], work: Path) -> dict[str, float]:
         key = f"pip_{venv}"
         took[key] = took.get(key, 0.0) + time.monotonic() - start
     took["total"] = sum(took.values())
-    return {k: round(v, 1) for k, v in took.items()}
+    return {k: round(v, 1) for k, v in took.items()}, added
 
 
 def profile(output: str) -> dict[str, Any]:
@@ -182,9 +207,9 @@ def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pyhpc-bench-deploy-") as tmp:
         work = Path(tmp)
         make("undeploy", "PURGE=1")
-        plain = plain_install(pkgs, work / "plain")
+        plain, added = plain_install(pkgs, work / "plain")
         shutil.rmtree(work / "plain")
-        make("undeploy", "PURGE=1")
+        remove_plain_debs(added)
         clone = work / "clone"
         timed(["git", "clone", "--quiet", str(ROOT), str(clone)])
         profile_env = dict(os.environ, **PROFILE_ENV)
@@ -242,7 +267,7 @@ def main() -> int:
         print("packages:", " ".join(pkgs))
         print("plan: make undeploy PURGE=1; time apt-get install -y <packages> and pip install -r "
               "of " + ", ".join(f for _, files, _ in PIP_SETS for f in files) + " into new "
-              "virtualenvs; make undeploy PURGE=1; git clone; time make venv-deploy and make "
+              "virtualenvs; apt-get purge what it added; git clone; time make venv-deploy and make "
               "deploy there; time make deploy again")
         print(f"writes {record.path('deploy').relative_to(ROOT)}")
         return 0
