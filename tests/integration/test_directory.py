@@ -224,7 +224,8 @@ def test_a_slapd_without_the_definitions_base_dn_stops_the_deploy_with_one_line(
     assert check["failed"] and check["msg"] == (
         "directory.base_dn: slapd on localhost serves dc=lab,dc=pyhpc, not dc=elsewhere,dc=pyhpc; "
         "pyhpc builds slapd's database only when it installs slapd: set directory.base_dn to one "
-        "it serves, or remove that slapd (apt-get purge slapd, or make purge) and deploy again")
+        "it serves, or remove that slapd (apt-get purge slapd; make purge removes only a slapd "
+        "pyhpc installed) and deploy again")
     assert not any(result.get("changed") for result in ran.values())
     assert "Create the directory for the secrets" not in ran
     assert files_state(*watched) == before
