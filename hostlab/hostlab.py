@@ -376,10 +376,10 @@ def remove(podman: Podman, names: Sequence[str], stop_s: int) -> None:
     out waiting for file .../exits/ID" or "container state improper"); the second removes
     it, and ignores those the first removed."""
     argv = ("rm", "--force", "--time", str(stop_s))
-    first = podman.run(*argv, *names, check=False)
-    if first.returncode:
-        detail = (first.stderr or "").strip().splitlines()[-1:]
-        log(f"podman rm failed ({detail[0] if detail else first.returncode}); removing again")
+    try:
+        podman.run(*argv, *names)
+    except HostlabError as first:
+        log(f"podman rm failed ({first}); removing again")
         podman.out(*argv, "--ignore", *names)
 
 

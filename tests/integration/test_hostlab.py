@@ -202,16 +202,22 @@ def test_memory_per_host(hostlab: dict[str, Any]) -> None:
     assert all(r < 512 for r in rss.values()), rss
 
 
-def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]) -> None:
-    """Processes killed from outside (conmon first, so podman misses the exit) leave a
-    host that podman lists as running; `make hostlab-up` must bring it back, not hang.
-    (Before the deploy: a recreated host is a bare image again, and `deployed` converges it.)"""
-    host = COMPUTE[0]
+def kill_from_outside(host: str) -> None:
+    """Kill a host's conmon, then its init (and with it every process of the host), as a
+    session's end does: podman misses the exit and still lists the host as running."""
     proc, _ = _run([*HOSTLAB, "podman", "inspect", "--format",
                     "{{.State.ConmonPid}} {{.State.Pid}}", host])
     conmon, init = proc.stdout.split()
     subprocess.run(["kill", "-KILL", conmon], check=True)
     subprocess.run(["kill", "-KILL", init], check=True)
+
+
+def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]) -> None:
+    """Processes killed from outside (conmon first, so podman misses the exit) leave a
+    host that podman lists as running; `make hostlab-up` must bring it back, not hang.
+    (Before the deploy: a recreated host is a bare image again, and `deployed` converges it.)"""
+    host = COMPUTE[0]
+    kill_from_outside(host)
     out, _ = _make("hostlab-up")
     assert f"started {host};" in out, out
     after = status()

@@ -28,6 +28,7 @@ from test_hostlab import (
     HOSTLAB,
     SKIP,
     _run,
+    kill_from_outside,
     mark_converged,
     on,
     release_hosts,
@@ -203,11 +204,7 @@ def test_down_removes_hosts_whose_processes_were_killed(cluster: dict[str, Any])
     mark_converged(None)
     killed = ["login", COMPUTE[0]]
     for host in killed:
-        proc, _ = _run([*HOSTLAB, "podman", "inspect", "--format",
-                        "{{.State.ConmonPid}} {{.State.Pid}}", host])
-        conmon, init = proc.stdout.split()
-        subprocess.run(["kill", "-KILL", conmon], check=True)
-        subprocess.run(["kill", "-KILL", init], check=True)
+        kill_from_outside(host)
     assert {host: row["state"] for host, row in status().items() if host in killed} == dict.fromkeys(
         killed, "running")
     out, _ = make_with("hostlab-down")
