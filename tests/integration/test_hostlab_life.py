@@ -104,7 +104,8 @@ def converge(release: str) -> None:
     release_hosts(release)
     _, image = make_with("hostlab-image", release=release)
     _, up = make_with("hostlab-up", release=release)
-    if still_converged(release):
+    reused = still_converged(release)
+    if reused:
         print(f"hostlab ({release}): converged earlier in this run, the same hosts all "
               "running: no deploy")
     else:
@@ -112,7 +113,17 @@ def converge(release: str) -> None:
         _, deploy = make_with("hostlab-deploy", release=release)
         mark_converged(release)
         print(f"hostlab ({release}): image {image:.1f} s, up {up:.1f} s, deploy {deploy:.1f} s")
-    on("login", "scancel", "--user=root")  # what an earlier, failed run of these tests left
+    # What an earlier, failed test left: its jobs, and, on hosts it had (a fresh deploy must
+    # bring every node up idle by itself), a node it left drained, printed with the reason.
+    if left := on("login", "squeue", "--noheader", "--format=%i").split():
+        print(f"hostlab: cancelling jobs an earlier test left: {' '.join(left)}")
+        on("login", "scancel", *left)
+    if reused:
+        for node, state in node_states().items():
+            if state == "drain":
+                print(f"hostlab: resuming {node}, drained by an earlier test: "
+                      + on("login", "sinfo", "--noheader", f"--nodes={node}", "--format=%E"))
+                on("login", "scontrol", "update", f"nodename={node}", "state=resume")
     wait_for("every compute host idle", lambda: set(node_states().values()) == {"idle"})
 
 
@@ -186,7 +197,8 @@ def test_removing_a_compute_host_drains_it_first_and_kills_no_job(
 
 def test_restarting_the_controller_host_keeps_the_queue(cluster: dict[str, Any]) -> None:
     held = submit("--hold", "--partition=cpu", "--wrap=true")
-    running = submit("--partition=gpu", "--wrap=sleep 60")
+    # Cancelled below: long enough to outlast any restart (a busy machine's takes minutes).
+    running = submit("--partition=gpu", "--wrap=sleep 1200")
     wait_for("a job running", lambda: job_state(running) == "RUNNING")
     _run([*HOSTLAB, "podman", "restart", "ctl"], timeout=180)
     wait_for("slurmctld answering again",

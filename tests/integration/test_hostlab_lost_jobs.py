@@ -30,7 +30,7 @@ import pytest
 from test_hostlab import HOSTLAB, SKIP, _run, on, run_on
 from test_hostlab_life import converge, wait_for
 from test_hostlab_pyhpc import HOME, RESEARCHER, as_researcher, history
-from test_lost_jobs import lost_after_the_crash
+from test_lost_jobs import held_until, lost_after_the_crash
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
@@ -75,8 +75,11 @@ def test_after_the_controller_host_dies_every_job_runs_or_is_lost_and_comes_back
     first = researcher(work, f"pyhpc train --epochs 1 --out {run} --wait")
     assert first.returncode == 0, first.stdout + first.stderr
 
+    # The anchor holds cpu1 until the test releases it, after ctl's boot (see held_until).
+    release = "/run/pyhpc-test-anchor"
+    on("cpu1", "rm", "-f", release)
     anchor = on("login", "sbatch", "--parsable", "-p", queue, "-N", "1", "--exclusive", "-J", "anchor",
-                "-o", "/dev/null", "--time=2", "--wrap", "sleep 30")
+                "-o", "/dev/null", "--time=10", "--wrap", held_until(release))
     wait_for("the anchor running", lambda: on("login", "squeue", "-h", "-j", anchor, "-o", "%T")
              == "RUNNING", timeout=60, every=0.2)
     # A save after the anchor started: the state put back holds it running (cpu1's slurmd
@@ -96,12 +99,16 @@ def test_after_the_controller_host_dies_every_job_runs_or_is_lost_and_comes_back
                              "--time=1 --wrap 'sleep 1'; done").stdout.split()
     assert len(plain) == BURST, plain
 
+    # The premise: nothing of the researcher's started before the crash.
+    assert on("login", "squeue", "-h", "-j", train, "-o", "%T") == "PENDING"
     # Power lost: every process of the host at once. Its disk holds the state saved
     # before the train job came; then the host boots and systemd starts slurmctld.
     _run([*HOSTLAB, "podman", "kill", "ctl"], timeout=60)
     ctl_root().joinpath(JOB_STATE).write_bytes(saved)  # the file keeps its owner, slurm
     _run([*HOSTLAB, "podman", "start", "ctl"], timeout=120)
     wait_for("slurmctld answering after the boot", controller_answers, timeout=180, every=1)
+    released = run_on("cpu1", "touch", release)
+    assert released.returncode == 0, released.stderr
     ids = [anchor, train, *plain]
     print(f"hostlab: jobs {ids}, then ctl killed and started")
 

@@ -78,9 +78,10 @@ def state_file() -> Path:
 
 
 def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
-    """Root's anchor holds both CPU nodes and is saved; the researcher's train job queues
-    behind it until accounting has its record (slurmctld sends it one to five seconds after
-    sbatch, seen on the lab), then a few plain jobs; SIGKILL at once.
+    """Root's anchor holds both CPU nodes until slurmctld is back, and is saved; the
+    researcher's train job queues behind it until accounting has its record (slurmctld
+    sends it one to five seconds after sbatch, seen on the lab), then a few plain jobs;
+    SIGKILL at once.
 
     Whether slurmctld saved the train job by then is a race of its two threads (state saves
     every 5 s, accounting records every few seconds): the test does not leave it to luck.
@@ -88,8 +89,10 @@ def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
     the start, as if the host had died before the next save: what slurmctld itself then
     does ("Purged files for defunct batch JobId=N", ids given again) is real."""
     quiet_queue()
+    release = Path(f"/run/pyhpc-test-anchor-{os.getpid()}")
+    release.unlink(missing_ok=True)
     anchor = sh("sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "anchor",
-                "-o", "/dev/null", "--time=2", "--wrap", "sleep 25").stdout.strip()
+                "-o", "/dev/null", "--time=5", "--wrap", held_until(str(release))).stdout.strip()
     # A save after the anchor started: the state put back holds it running (its slurmd
     # runs it), as the state of a real crash would.
     state = state_file()
@@ -111,8 +114,20 @@ def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
         time.sleep(0.05)
     plain = researcher(where, f"for i in $(seq {BURST}); do sbatch --parsable -p cpu -J burst "
                               "--time=1 --wrap 'sleep 1'; done").stdout.split()
+    # The premise: nothing of the researcher's started before the crash.
+    assert sh("squeue", "-h", "-j", train, "-o", "%T").stdout.strip() == "PENDING"
     kill_controller(before_start=lambda: state.write_bytes(saved))
+    release.touch()
     return anchor, train, plain
+
+
+def held_until(release: str) -> str:
+    """The anchor's batch script: it holds its nodes until the file `release` appears,
+    which the test creates once slurmctld is back. A fixed sleep does not do: a submission
+    slower than the sleep let the train job start before the crash (seen in CI on hostlab:
+    its id, given again after the crash, drained the node with "Duplicate jobid"). The
+    job's --time bounds it should the test never get that far."""
+    return f"until [ -e {release} ]; do sleep 0.2; done; rm -f {release}"
 
 
 def lost_after_the_crash(watch: subprocess.CompletedProcess[str], train: str) -> list[str]:
