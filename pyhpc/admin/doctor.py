@@ -106,8 +106,12 @@ class Doctor:
         if not states:
             return Check("nodes idle", False, "sinfo lists no nodes")
         if busy:
-            return Check("nodes idle", False,
-                         "not idle: " + ", ".join(f"{n} ({s})" for n, s in busy.items()))
+            try:  # why a node is drained or down, where Slurm holds a reason
+                why = slurm.reasons()
+            except slurm.SlurmError:
+                why = {}
+            return Check("nodes idle", False, "not idle: " + ", ".join(
+                f"{n} ({s}: {why[n]})" if n in why else f"{n} ({s})" for n, s in busy.items()))
         return Check("nodes idle", True, f"{len(states)} idle: {', '.join(states)}")
 
     def two_node_partition(self) -> str:

@@ -291,6 +291,14 @@ def nodes() -> dict[str, str]:
                         if len(line.split()) >= 2}))
 
 
+def reasons() -> dict[str, str]:
+    """Node name to the reason its drain, down or failed state was given (``sinfo
+    --list-reasons``: by an admin, or by Slurm itself, "Duplicate jobid"); others absent."""
+    proc = run(["sinfo", "--noheader", "--Node", "--list-reasons", "--format=%N|%E"])
+    pairs = (line.split("|", 1) for line in proc.stdout.splitlines() if "|" in line)
+    return dict(sorted((node, why.strip()) for node, why in pairs))
+
+
 def ping() -> subprocess.CompletedProcess[str]:
     """``scontrol ping`` (not checked: the doctor reports its answer)."""
     return run(["scontrol", "ping"], check=False)

@@ -214,6 +214,10 @@ def test_a_drained_node_fires_slurm_node_drained_with_its_reason() -> None:
         assert alerts[0]["state"] in ("drained", "draining")
         assert alerts[0]["reason"].startswith(reason)
         assert alerts[0]["severity"] == "warning"
+        # The admin's doctor names the node with the same reason (its later checks skip).
+        doctor = json.loads(sh(PYHPC, "doctor", "--json", check=False).stdout)
+        idle = next(c for c in doctor["checks"] if c["name"] == "nodes idle")
+        assert f"cpu2 (drain: {reason})" in idle["detail"], idle
     finally:
         sh("scontrol", "update", "NodeName=cpu2", "State=RESUME")
 
