@@ -93,31 +93,33 @@ def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
     release.unlink(missing_ok=True)
     anchor = sh("sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "anchor",
                 "-o", "/dev/null", "--time=5", "--wrap", held_until(str(release))).stdout.strip()
-    # A save after the anchor started: the state put back holds it running (its slurmd
-    # runs it), as the state of a real crash would.
-    state = state_file()
-    deadline = time.monotonic() + 30
-    while sh("squeue", "-h", "-j", anchor, "-o", "%T").stdout.strip() != "RUNNING":
-        assert time.monotonic() < deadline, "the anchor did not start"
-        time.sleep(0.1)
-    started = time.time()
-    while state.stat().st_mtime <= started:
-        assert time.monotonic() < deadline, "slurmctld saved no state after the anchor started"
-        time.sleep(0.02)
-    saved = state.read_bytes()
-    proc = researcher(where, f"{PYHPC} train --epochs 3 --out {run} --json")
-    assert proc.returncode == 0, proc.stderr
-    train = str(json.loads(proc.stdout)["job_id"])
-    deadline = time.monotonic() + 30
-    while not sh("sacct", "-n", "-X", "-o", "JobID", "-j", train).stdout.split():
-        assert time.monotonic() < deadline, "accounting never got the train job's record"
-        time.sleep(0.05)
-    plain = researcher(where, f"for i in $(seq {BURST}); do sbatch --parsable -p cpu -J burst "
-                              "--time=1 --wrap 'sleep 1'; done").stdout.split()
-    # The premise: nothing of the researcher's started before the crash.
-    assert sh("squeue", "-h", "-j", train, "-o", "%T").stdout.strip() == "PENDING"
-    kill_controller(before_start=lambda: state.write_bytes(saved))
-    release.touch()
+    try:
+        # A save after the anchor started: the state put back holds it running (its slurmd
+        # runs it), as the state of a real crash would.
+        state = state_file()
+        deadline = time.monotonic() + 30
+        while sh("squeue", "-h", "-j", anchor, "-o", "%T").stdout.strip() != "RUNNING":
+            assert time.monotonic() < deadline, "the anchor did not start"
+            time.sleep(0.1)
+        started = time.time()
+        while state.stat().st_mtime <= started:
+            assert time.monotonic() < deadline, "slurmctld saved no state after the anchor started"
+            time.sleep(0.02)
+        saved = state.read_bytes()
+        proc = researcher(where, f"{PYHPC} train --epochs 3 --out {run} --json")
+        assert proc.returncode == 0, proc.stderr
+        train = str(json.loads(proc.stdout)["job_id"])
+        deadline = time.monotonic() + 30
+        while not sh("sacct", "-n", "-X", "-o", "JobID", "-j", train).stdout.split():
+            assert time.monotonic() < deadline, "accounting never got the train job's record"
+            time.sleep(0.05)
+        plain = researcher(where, f"for i in $(seq {BURST}); do sbatch --parsable -p cpu -J burst "
+                                  "--time=1 --wrap 'sleep 1'; done").stdout.split()
+        # The premise: nothing of the researcher's started before the crash.
+        assert sh("squeue", "-h", "-j", train, "-o", "%T").stdout.strip() == "PENDING"
+        kill_controller(before_start=lambda: state.write_bytes(saved))
+    finally:  # the anchor ends whatever happened: a failure here leaves no node held
+        release.touch()
     return anchor, train, plain
 
 
