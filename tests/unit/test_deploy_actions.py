@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import pwd
 import shutil
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.roleplay import ANSIBLE, run_playbook
+from tests.unit.roleplay import ANSIBLE, results, run_playbook
 
 PROBE_FILE = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins/plugin_utils/probe.py"
 
@@ -239,3 +240,78 @@ def test_the_actions_converge_as_the_builtins_do_and_run_no_module_when_nothing_
     assert (where / "pyhpc" / "once").read_text() == "edited by hand\n"
     info = (where / "pyhpc" / "greeting.conf").stat()
     assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o640)
+
+
+# --- pyhpc.deploy.command: a plain argv through the shell, beside the command module ------
+
+COMMAND_FILE = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins/action/command.py"
+#: (name, the task's arguments); each runs as pyhpc.deploy.command and as the builtin, with
+#: failed_when false, and the two registered answers must agree.
+COMMANDS = [
+    ("output and errors", {"argv": ["sh", "-c", "printf 'one\\n two \\n\\n'; echo err >&2"]}),
+    ("words kept as they are", {"argv": ["printf", "%s|", "it's; `id` & a  b", "*", "'\"", ""]}),
+    ("a failure", {"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"]}),
+    ("cmd split as the module splits it", {"cmd": "printf '%s|' 'two words' three"}),
+    ("a variable, expanded by the module", {"argv": ["printf", "%s", "$HOME ~"]}),
+    ("chdir, the module's", {"argv": ["pwd"], "chdir": "/"}),
+    ("stdin, the module's", {"argv": ["cat"], "stdin": "given"}),
+]
+#: The cases that must run no module in pyhpc.deploy.command.
+SHELL_ONLY = {"output and errors", "words kept as they are", "a failure",
+              "cmd split as the module splits it"}
+KEYS = ("rc", "stdout", "stderr", "stdout_lines", "stderr_lines", "cmd", "changed", "msg")
+
+
+def command_play(where: Path, kind: str) -> Path:
+    tasks = []
+    for name, args in COMMANDS:
+        tasks.append(f"    - name: {name}\n      {TWINS[kind]}.command: {json.dumps(args)}\n"
+                     "      failed_when: false\n")
+    path = where / f"commands-{kind}.yml"
+    path.write_text(PLAY.format(tasks="".join(tasks)))
+    return path
+
+
+def test_the_command_action_answers_as_the_command_module_with_no_module_run(where: Path) -> None:
+    answers, sent = {}, {}
+    for kind in TWINS:
+        remote = where / f"remote-{kind}"
+        proc, report = run_playbook(where / "hosts", command_play(where, kind), env={
+            "ANSIBLE_KEEP_REMOTE_FILES": "1", "ANSIBLE_REMOTE_TMP": str(remote)})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        answers[kind] = {name: {key: result.get(key) for key in KEYS}
+                         for name, result in results(report).items()}
+        sent[kind] = len(list(remote.rglob("AnsiballZ_command.py"))) if remote.exists() else 0
+    assert answers["pyhpc"] == answers["builtin"]
+    assert answers["pyhpc"]["a failure"]["rc"] == 3
+    assert answers["pyhpc"]["words kept as they are"]["stdout"] == "it's; `id` & a  b|*|'\"||"
+    assert answers["pyhpc"]["a variable, expanded by the module"]["stdout"] == f"{Path.home()} ~"
+    assert sent["builtin"] == len(COMMANDS)
+    assert sent["pyhpc"] == len(COMMANDS) - len(SHELL_ONLY)
+
+
+def _load_command() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pyhpc_deploy_command", COMMAND_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("args", [
+    {"argv": ["echo", "$PATH"]}, {"argv": ["ls", "~root"]}, {"argv": ["true"], "creates": "/x"},
+    {"argv": ["true"], "removes": "/x"}, {"argv": ["true"], "strip_empty_ends": False},
+    {"argv": ["true"], "expand_argument_vars": False}, {"argv": []}, {"argv": [True]},
+    {"argv": ["true"], "cmd": "true"}, {},
+])
+def test_anything_but_a_plain_argv_takes_the_module(args: dict[str, Any]) -> None:
+    assert _load_command().argv_of(args) is None
+
+
+def test_a_plain_argv_is_quoted_word_for_word() -> None:
+    command = _load_command()
+    words = command.argv_of({"argv": ["printf", "%s", "a b; c", "'"], "chdir": None})
+    assert words == ["printf", "%s", "a b; c", "'"]
+    line = command.shell_line(words)
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
+    assert done.stdout == "a b; c'"
