@@ -20,6 +20,7 @@ import yaml
 
 from benchmarks import deploy as deploy_bench
 from pyhpc import cluster, paths
+from tests.unit import roleplay
 
 pytestmark = pytest.mark.integration
 
@@ -236,6 +237,38 @@ def test_drift_is_put_back_and_restarts_only_the_daemons_it_affects(
     if records:
         assert record_copy() == {m: (0o100644, (paths.ROOT / m).read_bytes()) for m in RECORD_MODULES}
 
+
+def lab_services() -> list[str]:
+    """The services the lab's roles start and enable (their `Start ...` tasks)."""
+    names = ["pyhpc-munge", "mariadb", "pyhpc-slurmdbd", "pyhpc-slurmctld", "pyhpc-slurmd"]
+    if LAB.directory is not None:
+        names += ["slapd", "nslcd", "nscd"]
+    if LAB.monitoring.enabled:
+        names += ["prometheus-node-exporter", "prometheus", "pyhpc-slurm-exporter",
+                  "pyhpc-job-exporter"]
+    if LAB.jupyterhub is not None and LAB.jupyterhub.enabled:
+        names.append("pyhpc-hub")
+    return names
+
+
+def test_the_service_action_answers_as_the_module_and_starts_a_stopped_service() -> None:
+    """pyhpc.deploy.service answers a started, enabled service from `service NAME status`
+    and its rc.d links, with no module run ("invocation" is the module's), as the service
+    module answers it; a service stopped by hand goes to the module, which starts it."""
+    inventory = paths.ROOT / "ansible" / "inventories" / "lab" / "hosts.yml"
+    names = lab_services()
+    twins = roleplay.service_twins(inventory, "localhost", names, ["builtin", "pyhpc"])
+    keys = ("changed", "enabled", "name", "state", "failed")
+    for name in names:
+        builtin, ours = twins["builtin"][name], twins["pyhpc"][name]
+        assert {k: ours.get(k) for k in keys} == {k: builtin.get(k) for k in keys}, name
+        assert ours["changed"] is False and "invocation" not in ours and "invocation" in builtin, name
+    exporter = "pyhpc-slurm-exporter" if LAB.monitoring.enabled else "pyhpc-munge"
+    sh("service", exporter, "stop")  # pyhpc's script: by its pid file
+    assert sh("service", exporter, "status", check=False).returncode != 0
+    started = roleplay.service_twins(inventory, "localhost", [exporter], ["pyhpc"])["pyhpc"][exporter]
+    assert started["changed"] is True and "invocation" in started, started
+    assert sh("service", exporter, "status", check=False).returncode == 0
 
 #: The monitoring role's monitoring_record_lib and monitoring_record_modules, from the role.
 MONITORING = paths.ROOT / "ansible" / "roles" / "monitoring"

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from pyhpc import paths
+from tests.unit import roleplay
 
 INVENTORY = paths.ROOT / "ansible" / "inventories" / "hostlab" / "hosts.yml"
 HOSTLAB = (sys.executable, str(paths.ROOT / "hostlab" / "hostlab.py"))
@@ -361,6 +362,27 @@ def test_second_deploy_changes_nothing_and_restarts_nothing(deployed: dict[str, 
     assert set(recap) >= set(HOSTS) and set(recap.values()) == {"0"}, recap
     assert main_pids() == before
 
+
+def test_the_service_action_answers_as_the_systemd_module_and_starts_a_stopped_unit(
+        deployed: dict[str, Any]) -> None:
+    """pyhpc.deploy.service answers an active, enabled unit from `systemctl is-active` and
+    `is-enabled`, with no module run ("invocation" is the module's), as the systemd module
+    answers it; a unit stopped and disabled by hand goes to the module, which starts and
+    enables it."""
+    units = UNITS["ctl"]
+    twins = roleplay.service_twins(INVENTORY, "ctl", units, ["builtin", "pyhpc"])
+    keys = ("changed", "enabled", "name", "state", "failed")
+    for unit in units:
+        builtin, ours = twins["builtin"][unit], twins["pyhpc"][unit]
+        assert {k: ours.get(k) for k in keys} == {k: builtin.get(k) for k in keys}, unit
+        assert ours["changed"] is False and "invocation" in builtin, unit
+    native = [unit for unit in units if unit not in SYSV_UNITS]
+    assert native and not any("invocation" in twins["pyhpc"][unit] for unit in native)
+    on("login", "systemctl", "disable", "--now", "munge")
+    started = roleplay.service_twins(INVENTORY, "login", ["munge"], ["pyhpc"])["pyhpc"]["munge"]
+    assert started["changed"] is True and "invocation" in started, started
+    assert on("login", "systemctl", "is-active", "munge") == "active"
+    assert on("login", "systemctl", "is-enabled", "munge") == "enabled"
 
 def test_a_step_is_killed_past_its_memory_and_runs_within_it(deployed: dict[str, Any]) -> None:
     grab = "import sys; b = b'x' * (int(sys.argv[1]) << 20); print(len(b))"

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -58,3 +59,33 @@ def skip_if_present(writes: Iterable[Path]) -> None:
     present = [str(p) for p in writes if p.exists()]
     if present:
         pytest.skip(f"this machine already has the role's files: {present}")
+
+
+SERVICE_PLAY = """\
+- hosts: {host}
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+{tasks}
+"""
+
+
+def service_twins(inventory: Path, host: str, names: Iterable[str], kinds: Iterable[str],
+                  ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each service of `names` asked started and enabled on `host`, as a task of each of
+    `kinds` (``builtin``: ansible.builtin.service, ``pyhpc``: pyhpc.deploy.service):
+    kind -> name -> the host's result."""
+    actions = {"builtin": "ansible.builtin.service", "pyhpc": "pyhpc.deploy.service"}
+    tasks = "".join(
+        f"    - name: {name} ({kind})\n      {actions[kind]}:\n        name: {name}\n"
+        "        state: started\n        enabled: true\n" for kind in kinds for name in names)
+    with tempfile.TemporaryDirectory() as where:
+        path = Path(where) / "services.yml"
+        path.write_text(SERVICE_PLAY.format(host=host, tasks=tasks))
+        proc, report = run_playbook(inventory, path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for task in report["plays"][0]["tasks"][1:]:
+        name, kind = task["task"]["name"][:-1].split(" (")
+        found.setdefault(kind, {})[name] = task["hosts"][host]
+    return found

@@ -315,3 +315,60 @@ def test_a_plain_argv_is_quoted_word_for_word() -> None:
     line = command.shell_line(words)
     done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
     assert done.stdout == "a b; c'"
+
+
+# --- pyhpc.deploy.service: a started service probed, as the service module reads it ------
+
+SERVICE_FILE = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins/action/service.py"
+
+
+def _load_service() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pyhpc_deploy_service", SERVICE_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("rc", "stdout", "verdict"), [
+    (0, "slurmctld is running\n", True),  # pyhpc's init scripts
+    (0, "nslcd running (pid 14373).\n", True),
+    (0, "Status of Name Service Cache Daemon service: :running..\n", True),  # Debian's nscd
+    (0, "mariadb-admin  Ver 10.0\nServer version 10.11\nUptime: 21 min\n", True),  # rc decides
+    (3, "slurmctld is not running\n", False),
+    (0, "slurmctld is not running\n", False),  # the words win over rc 0, as in the module
+    (0, "runner stopped\n", False),  # "stop" first
+    (0, "pyhpc-slurmd: 4 nodes running\n", True),
+    (0, "could not access PID file\n", False),
+    (5, "something else\n", None),
+    (0, "", True),
+])
+def test_the_status_is_read_by_the_service_modules_rules(rc: int, stdout: str,
+                                                          verdict: bool | None) -> None:
+    assert _load_service().running(rc, stdout, "slurmctld") is verdict
+
+
+def test_the_sysv_probe_settles_only_a_running_enabled_service() -> None:
+    service = _load_service()
+    assert service.sysv_settled("links=4\nslurmctld is running\nrc=0", "slurmctld", True)
+    assert service.sysv_settled("links=0\nslurmctld is running\nrc=0", "slurmctld", False)
+    assert not service.sysv_settled("links=0\nslurmctld is running\nrc=0", "slurmctld", True)
+    assert not service.sysv_settled("links=4\nslurmctld is not running\nrc=3", "slurmctld", True)
+    assert service.sysv_settled("links=4\nno newline at the end rc=0", "x", True)
+    for garbage in ("", "links=4", "links=x\nrc=0", "links=4\nrunning\nrc=", "links=4\nrunning"):
+        assert not service.sysv_settled(garbage, "x", False), garbage
+
+
+@pytest.mark.parametrize(("args", "asked"), [
+    ({"name": "munge", "state": "started", "enabled": True}, ("munge", True)),
+    ({"name": "munge", "state": "started"}, ("munge", False)),
+    ({"name": "munge", "state": "stopped"}, None),
+    ({"name": "munge", "state": "restarted"}, None),
+    ({"name": "munge", "state": "started", "enabled": False}, None),
+    ({"name": "munge", "enabled": True}, None),
+    ({"name": "munge", "state": "started", "pattern": "munged"}, None),
+    ({"name": "munge", "state": "started", "daemon_reload": True}, None),
+    ({"name": "", "state": "started"}, None),
+])
+def test_only_started_and_enabled_is_probed(args: dict[str, Any], asked: Any) -> None:
+    assert _load_service().probe_args(args) == asked
