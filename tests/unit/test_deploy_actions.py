@@ -23,18 +23,19 @@ import pytest
 
 from tests.unit.roleplay import ANSIBLE, results, run_playbook
 
-PROBE_FILE = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins/plugin_utils/probe.py"
+PLUGINS = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pyhpc_deploy_probe", PROBE_FILE)
+def _load(path: str) -> ModuleType:
+    """A plugin's file as a module (the collection's package is Ansible's to import)."""
+    spec = importlib.util.spec_from_file_location(f"pyhpc_deploy_{Path(path).stem}", PLUGINS / path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-probe = _load()
+probe = _load("plugin_utils/probe.py")
 
 
 def probed(path: Path) -> dict[str, Any] | None:
@@ -244,7 +245,6 @@ def test_the_actions_converge_as_the_builtins_do_and_run_no_module_when_nothing_
 
 # --- pyhpc.deploy.command: a plain argv through the shell, beside the command module ------
 
-COMMAND_FILE = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins/action/command.py"
 #: (name, the task's arguments); each runs as pyhpc.deploy.command and as the builtin, with
 #: failed_when false, and the two registered answers must agree.
 COMMANDS = [
@@ -290,14 +290,6 @@ def test_the_command_action_answers_as_the_command_module_with_no_module_run(whe
     assert sent["pyhpc"] == len(COMMANDS) - len(SHELL_ONLY)
 
 
-def _load_command() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pyhpc_deploy_command", COMMAND_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("args", [
     {"argv": ["echo", "$PATH"]}, {"argv": ["ls", "~root"]}, {"argv": ["true"], "creates": "/x"},
     {"argv": ["true"], "removes": "/x"}, {"argv": ["true"], "strip_empty_ends": False},
@@ -305,11 +297,11 @@ def _load_command() -> ModuleType:
     {"argv": ["true"], "cmd": "true"}, {},
 ])
 def test_anything_but_a_plain_argv_takes_the_module(args: dict[str, Any]) -> None:
-    assert _load_command().argv_of(args) is None
+    assert _load("action/command.py").argv_of(args) is None
 
 
 def test_a_plain_argv_is_quoted_word_for_word() -> None:
-    command = _load_command()
+    command = _load("action/command.py")
     words = command.argv_of({"argv": ["printf", "%s", "a b; c", "'"], "chdir": None})
     assert words == ["printf", "%s", "a b; c", "'"]
     line = command.shell_line(words)
@@ -318,16 +310,6 @@ def test_a_plain_argv_is_quoted_word_for_word() -> None:
 
 
 # --- pyhpc.deploy.service: a started service probed, as the service module reads it ------
-
-SERVICE_FILE = ANSIBLE / "collections/ansible_collections/pyhpc/deploy/plugins/action/service.py"
-
-
-def _load_service() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pyhpc_deploy_service", SERVICE_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(("rc", "stdout", "verdict"), [
@@ -345,11 +327,11 @@ def _load_service() -> ModuleType:
 ])
 def test_the_status_is_read_by_the_service_modules_rules(rc: int, stdout: str,
                                                           verdict: bool | None) -> None:
-    assert _load_service().running(rc, stdout, "slurmctld") is verdict
+    assert _load("action/service.py").running(rc, stdout, "slurmctld") is verdict
 
 
 def test_the_sysv_probe_settles_only_a_running_enabled_service() -> None:
-    service = _load_service()
+    service = _load("action/service.py")
     assert service.sysv_settled("links=4\nslurmctld is running\nrc=0", "slurmctld", True)
     assert service.sysv_settled("links=0\nslurmctld is running\nrc=0", "slurmctld", False)
     assert not service.sysv_settled("links=0\nslurmctld is running\nrc=0", "slurmctld", True)
@@ -371,4 +353,4 @@ def test_the_sysv_probe_settles_only_a_running_enabled_service() -> None:
     ({"name": "", "state": "started"}, None),
 ])
 def test_only_started_and_enabled_is_probed(args: dict[str, Any], asked: Any) -> None:
-    assert _load_service().probe_args(args) == asked
+    assert _load("action/service.py").probe_args(args) == asked
