@@ -67,7 +67,6 @@ class ActionModule(BuiltinCommand):
         if (words is None or self._task.async_val or self._task.check_mode
                 or any(self._task.environment or ())):
             return super().run(tmp, task_vars)
-        self._supports_async = True
         result = super(BuiltinCommand, self).run(tmp, task_vars)
         start = datetime.datetime.now()
         done = self._low_level_execute_command(shell_line(words))
