@@ -45,8 +45,8 @@ $(VENV)/.stamp: $(VENV)/.stamp-deploy requirements/runtime.txt requirements/dev.
 
 # What the tests drive besides the lab: a real headless browser for the pages (Debian's
 # chromium and its driver; the browser tests fail without them, they do not skip).
-TEST_DEBS := chromium chromium-driver
-test-debs: ## Install the Debian packages the tests need (chromium, chromium-driver).
+TEST_DEBS := chromium chromium-driver openssh-client
+test-debs: ## Install the Debian packages the tests need (chromium, chromium-driver, openssh-client for hostlab).
 	@missing="$$(for p in $(TEST_DEBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
 		| grep -q 'install ok installed' || echo $$p; done)"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
@@ -131,7 +131,7 @@ purge: ## Same as `make undeploy PURGE=1`: stop daemons, purge packages, state, 
 
 # hostlab: an emulated multi-host cluster on this machine, one podman container
 # per host of ansible/inventories/hostlab/hosts.yml with systemd as PID 1
-# (hostlab/hostlab.py). Needs root, podman, netavark, aardvark-dns, mmdebstrap;
+# (hostlab/hostlab.py). Needs root, podman, netavark, aardvark-dns, mmdebstrap, ssh;
 # runs with the system python3 (PyYAML), not the venv.
 HOSTLAB := $(PYTHON) hostlab/hostlab.py
 HOSTLAB_RELEASE ?= trixie

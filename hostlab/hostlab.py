@@ -3,16 +3,22 @@
 
 One rootful podman container per host of ansible/inventories/hostlab/hosts.yml,
 systemd as PID 1, own hostname, on a private bridge network whose DNS
-(aardvark-dns) resolves every host by name. Ansible reaches the hosts through the
-containers.podman.podman connection.
+(aardvark-dns) resolves every host by name. Ansible reaches the hosts as it reaches a
+real cluster's: over SSH, as root, with hostlab's own key; `up` writes the SSH config
+and the hosts' keys (read through podman) that the inventory points ssh at.
 
 Recipe (measured on a Debian 12 VM: no systemd on the host, cgroup v1):
   * image: Debian from Debian's packages with mmdebstrap (systemd, python3, sudo,
-    ...; no Slurm), plus hostlab/image/ (a localhost-only /etc/hosts and the
-    pyhpc-cgroup-rw unit); built once per recipe, the recipe's hash is a label;
+    openssh-server, ...; no Slurm), plus hostlab/image/ (a localhost-only /etc/hosts,
+    the pyhpc-cgroup-rw unit, and a unit that gives each host its own SSH host key at
+    its first boot: the image holds none); built once per recipe, the recipe's hash is
+    a label;
   * own podman storage (overlay) and network config, apart from the store the
     containers role builds images in: the global flags in hosts.yml
-    (ansible_podman_extra_args), the rest in hostlab/containers.conf;
+    (hostlab_podman_args), the rest in hostlab/containers.conf;
+  * SSH: STATE_DIR/ssh holds hostlab's key (its public half is every host's root
+    authorized_keys, read-only), and, written by every `up`, an ssh config naming each
+    running host's address and a known_hosts of the keys the hosts made;
   * `--systemd always`, CAP_SYS_ADMIN (for the cgroup remount; not --privileged), and
     two more of a host root's capabilities that podman leaves out: CAP_SYS_PTRACE (init
     scripts stop daemons that run as their own user with start-stop-daemon --exec, which
@@ -69,8 +75,9 @@ RECIPE_LABEL = f"{LABEL}.recipe"
 STATE_DIR = Path("/var/lib/pyhpc/hostlab")
 CACHE = Path("/var/cache/pyhpc/hostlab")
 #: Per-host volumes (name suffix -> path in the host): what survives `down`. One set per
-#: Debian release: the packages' system users get other uids on another release (munge is
-#: 100 on Debian 13, 101 on Debian 12), and munged refuses a log directory it does not own.
+#: Debian release and image: the packages' system users get other uids on another release
+#: (munge is 100 on Debian 13, 101 on Debian 12) or after the image's packages change, and
+#: munged refuses a log directory it does not own.
 VOLUMES = {"log": "/var/log"}
 #: Shared storage, the NFS stand-in: one directory of this machine (below
 #: STATE_DIR/shared) bind-mounted at the same path into every host.
@@ -83,13 +90,21 @@ MIRROR = "http://deb.debian.org/debian"
 SECURITY = "http://deb.debian.org/debian-security"
 #: What Ansible and the roles need on a bare host (rsync: ansible.posix.synchronize);
 #: no Slurm, the deploy installs it.
+#: openssh-server: Ansible connects as to a real host.
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo", "iproute2",
-            "iputils-ping", "procps", "ca-certificates", "less", "rsync")
+            "iputils-ping", "procps", "ca-certificates", "less", "rsync", "openssh-server")
 RUN_FLAGS = ("--systemd", "always", "--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE",
              "--cap-add", "SYS_NICE", "--no-hosts")
 #: Systemd states after boot: done (booted) and still booting.
 BOOTED = ("running", "degraded")
 BOOTING = ("initializing", "starting", "offline", "unknown", "")
+#: How Ansible reaches the hosts (the inventory's ssh arguments name the config).
+SSH_DIR = STATE_DIR / "ssh"
+SSH_KEY = SSH_DIR / "id_ed25519"
+SSH_CONFIG = SSH_DIR / "config"
+KNOWN_HOSTS = SSH_DIR / "known_hosts"
+#: Made at a host's first boot by pyhpc-ssh-hostkey.service (hostlab/image).
+HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
 HOST_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 EXEC_TIMEOUT_S = 30
 ANSWER_TIMEOUT_S = 10
@@ -138,9 +153,9 @@ def load_inventory(path: Path | None = None) -> Inventory:
     hosts = tuple(dict.fromkeys(_group_hosts(top, "all")))
     if not hosts:
         raise HostlabError(f"{path}: no hosts")
-    args = (top.get("vars") or {}).get("ansible_podman_extra_args")
+    args = (top.get("vars") or {}).get("hostlab_podman_args")
     if not isinstance(args, str) or "--root" not in args:
-        raise HostlabError(f"{path}: all.vars.ansible_podman_extra_args must give hostlab's "
+        raise HostlabError(f"{path}: all.vars.hostlab_podman_args must give hostlab's "
                            "podman --root (and --runroot)")
     return Inventory(hosts, tuple(shlex.split(args)))
 
@@ -194,6 +209,9 @@ def preflight() -> None:
     if shutil.which("iptables") is None and shutil.which("iptables", path="/usr/sbin:/sbin") is None:
         raise HostlabError("iptables is missing (netavark sets up the network with it): "
                            "apt-get install -y iptables")
+    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        raise HostlabError("ssh is missing (Ansible reaches the hosts with it): "
+                           "apt-get install -y openssh-client")
 
 
 @contextmanager
@@ -238,8 +256,10 @@ def recipe(release: str) -> str:
 def hooks() -> list[str]:
     cas = [f"sync-in {SITE_CAS} {SITE_CAS}", 'chroot "$1" update-ca-certificates'] \
         if image_files(SITE_CAS) else []
-    return [f"sync-in {IMAGE_FILES} /",
-            'chroot "$1" systemctl enable pyhpc-cgroup-rw.service', *cas]
+    # No host key in the image: each host makes its own at its first boot.
+    return [f"sync-in {IMAGE_FILES} /", 'rm -f "$1"/etc/ssh/ssh_host_*',
+            'chroot "$1" systemctl enable pyhpc-cgroup-rw.service pyhpc-ssh-hostkey.service',
+            *cas]
 
 
 def image_recipe(podman: Podman, release: str) -> str | None:
@@ -320,10 +340,19 @@ def volume_name(host: str, release: str, suffix: str) -> str:
 
 def create_host(podman: Podman, host: str, release: str, address: str) -> None:
     volumes: list[str] = []
+    made_by = recipe(release)
     for suffix, path in VOLUMES.items():
         volume = volume_name(host, release, suffix)
+        if podman.exists("volume", volume) and podman.out(
+                "volume", "inspect", "--format", f'{{{{ index .Labels "{RECIPE_LABEL}" }}}}',
+                volume) != made_by:
+            # Another image's: its system users may have other uids (the image's packages
+            # changed), and munged refuses a log directory it does not own.
+            podman.out("volume", "rm", volume)
+            log(f"{host}: volume {volume} was another image's: removed")
         if not podman.exists("volume", volume):
-            podman.out("volume", "create", "--label", f"{LABEL}=1", volume)
+            podman.out("volume", "create", "--label", f"{LABEL}=1", "--label",
+                       f"{RECIPE_LABEL}={made_by}", volume)
         volumes += ["--volume", f"{volume}:{path}"]
     for path in SHARED:
         source = STATE_DIR / "shared" / path.strip("/").replace("/", "-")
@@ -331,6 +360,7 @@ def create_host(podman: Podman, host: str, release: str, address: str) -> None:
         volumes += ["--volume", f"{source}:{path}"]
     if WHEELS.is_dir():
         volumes += ["--volume", f"{WHEELS}:{WHEELS}:ro"]
+    volumes += ["--volume", f"{SSH_KEY}.pub:/root/.ssh/authorized_keys:ro"]
     podman.out("run", "--detach", "--name", host, "--hostname", host, "--network", NETWORK,
                "--ip", address, "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image_ref(release),
                "/sbin/init")
@@ -365,6 +395,62 @@ def start_hosts(podman: Podman, hosts: Sequence[str], release: str) -> list[str]
     with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
         list(pool.map(start, started))
     return started
+
+
+def ensure_ssh_key() -> None:
+    """hostlab's SSH key, made once: the hosts' root accepts it and nothing else."""
+    SSH_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(SSH_DIR, 0o700)
+    if not SSH_KEY.exists():
+        proc = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hostlab",
+                               "-f", str(SSH_KEY)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise HostlabError(f"ssh-keygen failed: {proc.stderr.strip()}")
+        log(f"SSH key {SSH_KEY} made")
+
+
+def ssh_files(hosts: dict[str, tuple[str, str]]) -> tuple[str, str]:
+    """The ssh config and known_hosts for hosts {name: (address, host key line)}."""
+    config = ["# Written by `hostlab up`: how Ansible reaches the running hosts."]
+    known = []
+    for name, (address, key) in sorted(hosts.items()):
+        config += [f"Host {name}", f"  HostName {address}"]
+        kind, blob = key.split()[:2]
+        known.append(f"{name},{address} {kind} {blob}")
+    config += ["Host *", "  User root", f"  IdentityFile {SSH_KEY}", "  IdentitiesOnly yes",
+               f"  UserKnownHostsFile {KNOWN_HOSTS}", "  GlobalKnownHostsFile /dev/null",
+               "  StrictHostKeyChecking yes", "  PasswordAuthentication no",
+               # A host killed or restarted leaves a master whose peer is gone: noticed in 10 s.
+               "  ServerAliveInterval 5", "  ServerAliveCountMax 2"]
+    return "\n".join(config) + "\n", "\n".join(known) + "\n"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace path with text, 0600, through a new file (a planted link is replaced, not followed)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def write_ssh(podman: Podman) -> None:
+    """The ssh config and known_hosts of every running hostlab host (any inventory's)."""
+    running = sorted(name for name, row in podman.containers().items() if row["State"] == "running")
+    hosts = {}
+    if running:
+        fmt = "{{.Name}} {{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        where = dict(line.split() for line in podman.out("inspect", "--format", fmt, *running).splitlines())
+        for name in running:
+            key = podman.exec(name, "cat", HOST_KEY)
+            if key.returncode != 0 or not key.stdout.strip():
+                raise HostlabError(f"{name}: no SSH host key at {HOST_KEY} ({key.stderr.strip()}); "
+                                   f"look with `make hostlab-run HOST={name} "
+                                   "CMD='systemctl status pyhpc-ssh-hostkey ssh'`")
+            hosts[name] = (where[name], key.stdout.strip())
+    config, known = ssh_files(hosts)
+    write_private(KNOWN_HOSTS, known)
+    write_private(SSH_CONFIG, config)
 
 
 def remove(podman: Podman, names: Sequence[str], stop_s: int) -> None:
@@ -439,10 +525,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         if have != recipe(args.release):
             log(f"image {image} is older than its recipe: `make hostlab-image` rebuilds it")
         ensure_network(podman)
+        ensure_ssh_key()
         started = start_hosts(podman, inventory.hosts, args.release)
         created = time.monotonic() - start
         states = wait_booted(podman, inventory.hosts, args.timeout)
-    report_states(podman, states)
+        report_states(podman, states)
+        write_ssh(podman)
     took = time.monotonic() - start
     if started:
         log(f"started {', '.join(started)}; {len(inventory.hosts)} hosts up in {took:.1f} s "
@@ -528,6 +616,9 @@ def purge(podman: Podman) -> None:
     if (STATE_DIR / "shared").exists():
         shutil.rmtree(STATE_DIR / "shared")
         log(f"removed the shared storage {STATE_DIR / 'shared'}")
+    if SSH_DIR.exists():
+        shutil.rmtree(SSH_DIR)
+        log(f"removed hostlab's SSH key and config {SSH_DIR}")
 
 
 # --- command line ---------------------------------------------------------------
@@ -559,7 +650,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = add("down", cmd_down, "remove the hosts and the network")
     p.add_argument("--purge", action="store_true",
-                   help="also remove the hosts' volumes, the shared storage and the image")
+                   help="also remove the hosts' volumes, the shared storage, the SSH key and the image")
     return top
 
 

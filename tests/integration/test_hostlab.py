@@ -1,6 +1,6 @@
 """hostlab: one podman container per inventory host, systemd as PID 1, brought up with make.
 
-Real podman, mmdebstrap and Ansible (containers.podman connection). Brings the hosts
+Real podman, mmdebstrap, OpenSSH and Ansible (over SSH, as to real hosts). Brings the hosts
 up through `make hostlab-image` and `make hostlab-up` (twice: the second restarts
 nothing) and leaves them up; `make hostlab-down` removes them. Prints the image build
 time, the time for the hosts to come up and each host's memory (run pytest with -s).
@@ -29,10 +29,10 @@ BIN = Path(sys.executable).parent
 
 
 def _skip_reason() -> str | None:
-    for tool in ("podman", "mmdebstrap"):
+    for tool in ("podman", "mmdebstrap", "ssh"):
         if shutil.which(tool) is None:
             return (f"hostlab needs {tool}, which is missing "
-                    "(apt-get install -y podman netavark aardvark-dns mmdebstrap)")
+                    "(apt-get install -y podman netavark aardvark-dns mmdebstrap openssh-client)")
     if os.geteuid() != 0:
         return "hostlab needs root (rootful podman)"
     return None
@@ -225,6 +225,35 @@ def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]
     assert after[host]["state"] == "running"
     assert on(host, "cat", "/proc/1/comm") == "systemd"
     assert on(host, "systemctl", "is-system-running") in ("running", "degraded")
+
+
+SSH_DIR = Path("/var/lib/pyhpc/hostlab/ssh")
+
+
+def ssh(host: str, *cmd: str, known_hosts: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """ssh as Ansible connects: hostlab's config (and another known_hosts where given)."""
+    extra = ["-o", f"UserKnownHostsFile={known_hosts}"] if known_hosts else []
+    return subprocess.run(["ssh", "-F", str(SSH_DIR / "config"), "-o", "BatchMode=yes",
+                           "-o", "ControlMaster=no", *extra, host, *cmd],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_ssh_reaches_each_host_with_the_key_it_made_and_refuses_another(
+        hostlab: dict[str, Any], tmp_path: Path) -> None:
+    """Each host made its own host key at its first boot (the host recreated above, a new
+    one), `up` trusts exactly those keys, and a host that shows another host's key is refused."""
+    keys = {host: on(host, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").split()[:2] for host in HOSTS}
+    assert len({blob for _, blob in keys.values()}) == len(HOSTS), keys
+    known = (SSH_DIR / "known_hosts").read_text().splitlines()
+    for host in HOSTS:
+        assert f"{host},{address(host)} {' '.join(keys[host])}" in known
+        proc = ssh(host, "hostname")
+        assert (proc.returncode, proc.stdout.strip()) == (0, host), proc.stderr
+    ctl, db = "ctl", "db"
+    forged = tmp_path / "known_hosts"
+    forged.write_text(f"{ctl},{address(ctl)} {' '.join(keys[db])}\n")
+    proc = ssh(ctl, "true", known_hosts=forged)
+    assert proc.returncode == 255 and "Host key verification failed" in proc.stderr, proc.stderr
 
 
 # --- the Slurm cluster on the hosts (make hostlab-deploy) ----------------------

@@ -61,7 +61,7 @@ def test_inventory_has_the_service_hosts_and_n_cpu_hosts_and_a_valid_definition(
     assert list(children["compute"]["hosts"]) == names
     assert {g: list(children[g]["hosts"]) for g in ("controller", "dbd", "login")} == \
         {"controller": ["ctl"], "dbd": ["db"], "login": ["login"]}
-    assert "--root /var/lib/pyhpc/hostlab/storage" in hosts["all"]["vars"]["ansible_podman_extra_args"]
+    assert "--root /var/lib/pyhpc/hostlab/storage" in hosts["all"]["vars"]["hostlab_podman_args"]
 
     definition = cluster.load(where / "cluster.yml")
     assert [node.name for node in definition.nodes] == names
