@@ -334,6 +334,13 @@ def addresses(hosts: Sequence[str], subnet: ipaddress.IPv4Network | ipaddress.IP
     return {host: str(subnet[FIRST_HOST_OFFSET + slot]) for slot, host in taken.items()}
 
 
+def mac_address(address: str) -> str:
+    """A host's fixed MAC, from its fixed address (locally administered, unicast: 02:42 and
+    the address's last 4 bytes). A host recreated at its address with a new random MAC was
+    not reached for up to a minute: this machine's neighbour entry still held the old one."""
+    return ":".join(f"{byte:02x}" for byte in (0x02, 0x42, *ipaddress.ip_address(address).packed[-4:]))
+
+
 def volume_name(host: str, release: str, suffix: str) -> str:
     return f"{NETWORK}-{host}-{release}-{suffix}"
 
@@ -362,7 +369,8 @@ def create_host(podman: Podman, host: str, release: str, address: str) -> None:
         volumes += ["--volume", f"{WHEELS}:{WHEELS}:ro"]
     volumes += ["--volume", f"{SSH_KEY}.pub:/root/.ssh/authorized_keys:ro"]
     podman.out("run", "--detach", "--name", host, "--hostname", host, "--network", NETWORK,
-               "--ip", address, "--label", f"{LABEL}=1", *RUN_FLAGS, *volumes, image_ref(release),
+               "--ip", address, "--mac-address", mac_address(address), "--label", f"{LABEL}=1",
+               *RUN_FLAGS, *volumes, image_ref(release),
                "/sbin/init")
 
 

@@ -218,11 +218,14 @@ def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]
     host that podman lists as running; `make hostlab-up` must bring it back, not hang.
     (Before the deploy: a recreated host is a bare image again, and `deployed` converges it.)"""
     host = COMPUTE[0]
+    mac = on(host, "cat", "/sys/class/net/eth0/address")
     kill_from_outside(host)
     out, _ = _make("hostlab-up")
     assert f"started {host};" in out, out
     after = status()
     assert after[host]["state"] == "running"
+    # Its address and its MAC, as before: this machine's neighbour entry stays right.
+    assert on(host, "cat", "/sys/class/net/eth0/address") == mac
     assert on(host, "cat", "/proc/1/comm") == "systemd"
     assert on(host, "systemctl", "is-system-running") in ("running", "degraded")
 

@@ -34,3 +34,13 @@ def test_clashing_names_each_get_a_free_address_in_a_small_subnet() -> None:
 def test_more_hosts_than_the_subnet_holds_is_one_line() -> None:
     with pytest.raises(hostlab.HostlabError, match=r"hosts: 6 hosts do not fit subnet 10.0.0.0/28"):
         hostlab.addresses(["a", "b", "c", "d", "e", "f"], ipaddress.ip_network("10.0.0.0/28"))
+
+
+def test_each_host_gets_a_fixed_unicast_locally_administered_mac_from_its_address() -> None:
+    got = hostlab.addresses([*STOCK, *(f"cpu{i}" for i in range(2, 40))])
+    macs = {host: hostlab.mac_address(address) for host, address in got.items()}
+    assert len(set(macs.values())) == len(macs)  # one per host, as the addresses are
+    first = {int(mac.split(":")[0], 16) for mac in macs.values()}
+    assert first == {0x02}  # locally administered (bit 1), unicast (bit 0 clear)
+    assert hostlab.mac_address("10.89.77.208") == "02:42:0a:59:4d:d0"
+    assert hostlab.mac_address(got["cpu1"]) == hostlab.mac_address(hostlab.addresses(STOCK)["cpu1"])
