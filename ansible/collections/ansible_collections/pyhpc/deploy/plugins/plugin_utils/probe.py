@@ -10,6 +10,7 @@ action runs the module, so every write, and every check not understood here, is 
 """
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from typing import Any
@@ -21,6 +22,11 @@ PROBE = ('f={path}; if [ -h "$f" ]; then echo other; '
 #: The file module's arguments understood here; any other one set takes the module.
 UNDERSTOOD = frozenset({"dest", "path", "owner", "group", "mode", "state", "recurse",
                         "_original_basename", "follow", "force", "unsafe_writes"})
+#: A link's target, where the link is one and its source exists (the module refuses a
+#: missing source without force, link or not).
+LINK = ('p={path}; if [ -h "$p" ] && [ -e {source} ]; then printf "link:"; readlink -- "$p"; '
+        'else echo other; fi')
+LINK_UNDERSTOOD = frozenset({"dest", "path", "src", "state", "follow", "unsafe_writes"})
 OCTAL = re.compile(r"0?[0-7]{3,4}")
 DIGEST = re.compile(r"[0-9a-f]{40}")
 
@@ -93,3 +99,22 @@ def settled(args: dict[str, Any], stat: dict[str, Any] | None) -> dict[str, Any]
         return None
     return {"changed": False, "path": path, "state": state, "uid": stat["uid"], "gid": stat["gid"],
             "owner": stat["pw_name"], "group": stat["gr_name"], "mode": stat["mode"]}
+
+
+def link_command(args: dict[str, Any], path: str) -> str | None:
+    """The shell command that reads the link `args` asks for at `path`, or None where the
+    module must run (an owner, group, mode or force, or no source)."""
+    src = args.get("src")
+    if any(value is not None for key, value in args.items() if key not in LINK_UNDERSTOOD):
+        return None
+    if not isinstance(src, str) or not src or "\n" in src:
+        return None
+    source = posixpath.join(posixpath.dirname(path), src)  # the module's, for a relative src
+    return LINK.format(path=shlex.quote(path), source=shlex.quote(source))
+
+
+def link_settled(args: dict[str, Any], path: str, stdout: str) -> dict[str, Any] | None:
+    """The file module's unchanged answer for a link already pointing at `src`, or None."""
+    if stdout != f"link:{args.get('src')}\n":
+        return None
+    return {"changed": False, "dest": path, "src": args["src"], "state": "link"}
