@@ -16,6 +16,8 @@ the lab: it is down for several minutes and comes back up at the end from this c
     python -m benchmarks.deploy --dry-run    # print the plan and package list only
     python -m benchmarks.deploy --rerun-only # profile the lab's re-run as it is
     python -m benchmarks.deploy --rerun-only --hostlab  # the same for hostlab's hosts
+    python -m benchmarks.deploy --rerun-only --against REF  # and this checkout's re-run
+                                             # against REF's, alternated A B B A
 """
 from __future__ import annotations
 
@@ -203,6 +205,32 @@ def rerun_profile(hostlab: bool = False) -> dict[str, Any]:
             **got, "floor": floor(ran, inventory)}
 
 
+def side_by_side(ref: str, hostlab: bool = False) -> dict[str, Any]:
+    """This checkout's idempotent re-run (new) against the commit `ref`'s (old), on the same
+    hosts, alternated old, new, new, old; each variant's first run converges it (the copy of
+    the repository differs) and is not counted."""
+    target = "hostlab-deploy" if hostlab else "deploy"
+    runs: dict[str, list[float]] = {"old": [], "new": []}
+    changed: list[int] = []
+    with tempfile.TemporaryDirectory(prefix="pyhpc-bench-rerun-") as tmp:
+        old = Path(tmp) / "old"
+        timed(["git", "clone", "--quiet", str(ROOT), str(old)])
+        timed(["git", "-C", str(old), "checkout", "--quiet", ref])
+        last = ""
+        for kind in ("old", "new", "new", "old"):
+            cwd = old if kind == "old" else ROOT
+            if kind != last:
+                make(target, cwd=cwd)
+            wall, out = make(target, cwd=cwd)
+            runs[kind].append(round(wall, 1))
+            changed += [int(c) for c in RECAP.findall(out)]
+            last = kind
+        commit = timed(["git", "-C", str(old), "rev-parse", "HEAD"])[1].strip()
+    mean = {kind: sum(walls) / len(walls) for kind, walls in runs.items()}
+    return {"against": commit, "old_s": runs["old"], "new_s": runs["new"], "changed": changed,
+            "new_over_old": round(mean["new"] / mean["old"], 2)}
+
+
 def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pyhpc-bench-deploy-") as tmp:
         work = Path(tmp)
@@ -250,12 +278,17 @@ def main() -> int:
     parser.add_argument("--rerun-only", action="store_true",
                         help="profile the idempotent re-run of the lab as it is (no purge): "
                              "deploy-rerun.json")
+    parser.add_argument("--against", metavar="REF",
+                        help="with --rerun-only: also this checkout's re-run against REF's, "
+                             "alternated (old, new, new, old)")
     parser.add_argument("--hostlab", action="store_true",
                         help="with --rerun-only: hostlab's hosts as they are (make hostlab-deploy): "
                              "deploy-rerun-hostlab.json")
     args = parser.parse_args()
     if args.rerun_only:
         figures = rerun_profile(args.hostlab)
+        if args.against:
+            figures["side_by_side"] = side_by_side(args.against, args.hostlab)
         written = record.write("deploy-rerun-hostlab" if args.hostlab else "deploy-rerun", figures)
         print(json.dumps({k: v for k, v in figures.items() if k != "slowest_tasks_s"}, indent=1))
         for name, took in figures["slowest_tasks_s"]:
