@@ -148,6 +148,8 @@ CASES = [
                            "mode": "0600"}),
     ("directory", "file", {"path": "{d}/dir", "state": "directory", "mode": "0750"}),
     ("absent", "file", {"path": "{d}/unwanted", "state": "absent"}),
+    ("log touched, times kept", "file", {"path": "{d}/log", "state": "touch", "mode": "0640",
+                                         "modification_time": "preserve", "access_time": "preserve"}),
 ]
 TWINS = {"pyhpc": "pyhpc.deploy", "builtin": "ansible.builtin"}
 
@@ -232,6 +234,7 @@ def test_the_actions_converge_as_the_builtins_do_and_run_no_module_when_nothing_
         (d / "copied").symlink_to(victim)  # planted: the write must replace the link
         (d / "once").write_text("edited by hand\n")  # force: false keeps it
         (d / "dir").chmod(0o777)
+        (d / "log").chmod(0o666)
         (d / "unwanted").write_text("planted again\n")
     changed, _ = converge(where, both)
     expected = {name: name != "copy once" for name, _, _ in CASES}
@@ -255,10 +258,12 @@ COMMANDS = [
     ("a variable, expanded by the module", {"argv": ["printf", "%s", "$HOME ~"]}),
     ("chdir, the module's", {"argv": ["pwd"], "chdir": "/"}),
     ("stdin, the module's", {"argv": ["cat"], "stdin": "given"}),
+    ("creates there, skipped", {"argv": ["echo", "ran"], "creates": "/etc/hostname"}),
+    ("creates missing, the module runs it", {"argv": ["echo", "ran"], "creates": "/nonexistent/x"}),
 ]
 #: The cases that must run no module in pyhpc.deploy.command.
 SHELL_ONLY = {"output and errors", "words kept as they are", "a failure",
-              "cmd split as the module splits it"}
+              "cmd split as the module splits it", "creates there, skipped"}
 KEYS = ("rc", "stdout", "stderr", "stdout_lines", "stderr_lines", "cmd", "changed", "msg")
 
 
@@ -286,6 +291,8 @@ def test_the_command_action_answers_as_the_command_module_with_no_module_run(whe
     assert answers["pyhpc"]["a failure"]["rc"] == 3
     assert answers["pyhpc"]["words kept as they are"]["stdout"] == "it's; `id` & a  b|*|'\"||"
     assert answers["pyhpc"]["a variable, expanded by the module"]["stdout"] == f"{Path.home()} ~"
+    assert answers["pyhpc"]["creates there, skipped"]["stdout"] == "skipped, since /etc/hostname exists"
+    assert answers["pyhpc"]["creates missing, the module runs it"]["stdout"] == "ran"
     assert sent["builtin"] == len(COMMANDS)
     assert sent["pyhpc"] == len(COMMANDS) - len(SHELL_ONLY)
 

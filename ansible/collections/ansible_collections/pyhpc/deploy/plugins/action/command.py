@@ -11,6 +11,10 @@ in check mode. Anything else (`chdir`, `creates`, `removes`, `stdin`, `strip_emp
 without trailing newlines and their `_lines`, `start`, `end`, `delta`, `changed`, and
 `failed` with `msg: non-zero return code`). One difference: a program that is not installed fails with
 the shell's rc 127 where the module says rc 2.
+
+A plain argv with `creates` (an absolute path, no glob pattern) that already exists is the
+module's skip, found by one `test` instead of a module run; where the path is missing, the
+module runs the command.
 """
 from __future__ import annotations
 
@@ -39,6 +43,24 @@ def argv_of(args: dict[str, Any]) -> list[str] | None:
     return words
 
 
+def created(args: dict[str, Any]) -> tuple[list[str], str] | None:
+    """The words and the path of `creates`, where only it stands beside a plain argv and
+    the shell can test it as the module's glob would (absolute, no pattern); else None."""
+    path = args.get("creates")
+    words = argv_of({key: value for key, value in args.items() if key != "creates"})
+    if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "*?[~$"):
+        return None
+    return (words, path) if words is not None else None
+
+
+def skipped(words: list[str], path: str) -> dict[str, Any]:
+    """The command module's answer where `creates` exists and it does not run the command."""
+    return {"changed": False, "cmd": words, "rc": 0, "stdout": f"skipped, since {path} exists",
+            "stdout_lines": [f"skipped, since {path} exists"], "stderr": "", "stderr_lines": [],
+            "start": None, "end": None, "delta": None,
+            "msg": f"Did not run command since '{path}' exists"}
+
+
 def shell_line(words: list[str]) -> str:
     """The shell command that runs `words`, each quoted as it is."""
     return "exec " + shlex.join(words)
@@ -63,12 +85,21 @@ class ActionModule(BuiltinCommand):
     """ansible.builtin.command, a plain argv run through the connection's shell."""
 
     def run(self, tmp: Any = None, task_vars: Any = None) -> Any:
-        words = argv_of(dict(self._task.args))
-        if (words is None or self._task.async_val or self._task.check_mode
-                or any(self._task.environment or ())):
+        args = dict(self._task.args)
+        words, creates = argv_of(args), created(args)
+        if self._task.async_val or self._task.check_mode or any(self._task.environment or ()):
+            return super().run(tmp, task_vars)
+        if creates is not None and self._exists(creates[1]):
+            return {**super(BuiltinCommand, self).run(tmp, task_vars), **skipped(*creates)}
+        if words is None:
             return super().run(tmp, task_vars)
         result = super(BuiltinCommand, self).run(tmp, task_vars)
         start = datetime.datetime.now()
         done = self._low_level_execute_command(shell_line(words))
         end = datetime.datetime.now()
         return {**result, **answer(words, done, start, end)}
+
+    def _exists(self, path: str) -> bool:
+        """Whether `path` is there (a dangling link too, as glob finds it)."""
+        quoted = shlex.quote(path)
+        return bool(self._low_level_execute_command(f"test -e {quoted} || test -h {quoted}").get("rc") == 0)

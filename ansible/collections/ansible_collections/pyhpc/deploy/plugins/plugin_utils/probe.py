@@ -84,9 +84,13 @@ def _mode(value: Any, mode: int) -> bool:
 def settled(args: dict[str, Any], stat: dict[str, Any] | None) -> dict[str, Any] | None:
     """The file module's unchanged result for `args` on a probed path, or None where the
     module must run (it would change something, or this cannot tell)."""
+    state, path = args.get("state") or "file", args.get("dest") or args.get("path")
+    if state == "touch" and stat is not None and stat["exists"] and all(
+            args.get(key) == "preserve" for key in ("modification_time", "access_time")):
+        # An existing file touched with both times preserved: only its owner, group and mode.
+        state, args = "file", {k: v for k, v in args.items() if k not in ("modification_time", "access_time")}
     if stat is None or any(value is not None for key, value in args.items() if key not in UNDERSTOOD):
         return None
-    state, path = args.get("state") or "file", args.get("dest") or args.get("path")
     if state == "absent":
         return {"changed": False, "path": path, "state": "absent"} if not stat["exists"] else None
     if args.get("recurse") or state not in ("file", "directory"):
