@@ -20,10 +20,12 @@ import pytest
 
 from tests.unit.roleplay import ANSIBLE, results, run_playbook
 
-sys.path.insert(0, str(ANSIBLE / "collections"))  # the collection's namespace, as Ansible finds it
-edits = importlib.import_module("ansible_collections.pyhpc.deploy.plugins.plugin_utils.edits")
-accounts = importlib.import_module("ansible_collections.pyhpc.deploy.plugins.plugin_utils.accounts")
-wait_for = importlib.import_module("ansible_collections.pyhpc.deploy.plugins.action.wait_for")
+# The collection's namespace, as Ansible finds it. Only the pure modules: importing Ansible
+# here would patch sys.intern under torch's later import in this worker (its dynamo refuses).
+sys.path.insert(0, str(ANSIBLE / "collections"))
+UTILS = "ansible_collections.pyhpc.deploy.plugins.plugin_utils"
+edits, accounts, asked = (importlib.import_module(f"{UTILS}.{name}")
+                          for name in ("edits", "accounts", "asked"))
 
 KINDS = {"pyhpc": "pyhpc.deploy", "builtin": "ansible.builtin"}
 PLAY = "- hosts: localhost\n  gather_facts: false\n  tasks:\n{tasks}"
@@ -222,8 +224,8 @@ def test_a_port_that_answers_is_settled_by_one_connect(where: Path, listening: i
     {"port": 22, "state": "stopped"}, {"port": "twenty"}, {"port": 0}, {"port": 22, "connect_timeout": "x"},
 ])
 def test_any_other_wait_takes_the_module(args: dict[str, Any]) -> None:
-    assert wait_for.connect_line(args) is None
-    assert wait_for.connect_line({"port": 22}) == \
+    assert asked.connect_line(args) is None
+    assert asked.connect_line({"port": 22}) == \
         "timeout 5 bash -c 'exec 3<>\"/dev/tcp/$0/$1\"' 127.0.0.1 22"
 
 

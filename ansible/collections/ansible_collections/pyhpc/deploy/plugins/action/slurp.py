@@ -6,7 +6,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from ansible_collections.pyhpc.deploy.plugins.plugin_utils.probed import ProbedAction, plain_path, unknown
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils.asked import plain_path, unknown
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils.probed import ProbedAction
 
 
 class ActionModule(ProbedAction):

@@ -8,25 +8,10 @@ state), the module waits as before. In check mode the module decides (it skips i
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
-from ansible_collections.pyhpc.deploy.plugins.plugin_utils.probed import ProbedAction, unknown
-
-UNDERSTOOD = frozenset({"host", "port", "timeout", "connect_timeout", "state"})
-CONNECT = "timeout {seconds} bash -c 'exec 3<>\"/dev/tcp/$0/$1\"' {host} {port}"
-
-
-def connect_line(args: dict[str, Any]) -> str | None:
-    """The shell command that connects once as the module would, or None where the module
-    must run."""
-    port, seconds = str(args.get("port", "")), str(args.get("connect_timeout") or 5)
-    host = args.get("host") or "127.0.0.1"
-    if unknown(args, UNDERSTOOD) or args.get("state") not in (None, "started"):
-        return None
-    if not port.isdigit() or not 0 < int(port) < 65536 or not seconds.isdigit() or not isinstance(host, str):
-        return None
-    return CONNECT.format(seconds=int(seconds), host=shlex.quote(host), port=int(port))
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils.asked import connect_line
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils.probed import ProbedAction
 
 
 class ActionModule(ProbedAction):

@@ -4,13 +4,14 @@ the host (the modules look accounts up through NSS too) instead of a module run.
 Understood: a group asked present (`system` matters only when it is made); a user asked
 present with its primary group, home and shell, and `create_home: false` (the module
 would otherwise make a missing home). Anything else, and any difference, is the module's.
+Pure: no Ansible import (action/user.py and group.py ask the host).
 """
 from __future__ import annotations
 
 import shlex
 from typing import Any
 
-from ansible_collections.pyhpc.deploy.plugins.plugin_utils.probed import ProbedAction, plain_path, unknown
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils.asked import plain_path, unknown
 
 GROUP = frozenset({"name", "state", "system"})
 USER = frozenset({"name", "user", "state", "group", "system", "shell", "home", "create_home",
@@ -59,32 +60,9 @@ def group_settled(args: dict[str, Any], stdout: str) -> dict[str, Any] | None:
             "system": bool(args.get("system")), "gid": int(found[2])}
 
 
-class AccountAction(ProbedAction):
-    """The user or group module, run only where getent shows it would change something."""
 
-    def lookup(self, name: Any, group: Any) -> str | None:
-        if not all(isinstance(value, str) and value and not value.isdigit() for value in (name, group)):
-            return None
-        done = self.shell(LOOKUP.format(name=shlex.quote(name), group=shlex.quote(group)))
-        return str(done.get("stdout", "")) if done.get("rc") == 0 else None
-
-
-class UserAction(AccountAction):
-    """ansible.builtin.user, an existing user as asked settled by getent."""
-
-    module = "ansible.legacy.user"
-
-    def settle(self, args: dict[str, Any]) -> dict[str, Any] | None:
-        name = args.get("name") or args.get("user")
-        found = self.lookup(name, args.get("group") or name)
-        return None if found is None else user_settled(args, found)
-
-
-class GroupAction(AccountAction):
-    """ansible.builtin.group, an existing group settled by getent."""
-
-    module = "ansible.legacy.group"
-
-    def settle(self, args: dict[str, Any]) -> dict[str, Any] | None:
-        found = self.lookup(args.get("name"), args.get("name"))
-        return None if found is None else group_settled(args, found)
+def lookup_line(name: Any, group: Any) -> str | None:
+    """LOOKUP for `name` and `group`, or None where either is no plain account name."""
+    if not all(isinstance(value, str) and value and not value.isdigit() for value in (name, group)):
+        return None
+    return LOOKUP.format(name=shlex.quote(name), group=shlex.quote(group))

@@ -4,15 +4,15 @@ module's own decision, redone on the controller over the bytes the probe read.
 Only the arguments below are understood; any other (insertafter, backrefs, create, owner,
 mode, validate, ...) returns None and the module decides. The regular expressions run in
 the controller's Python, the modules' in the host's: the same `re` for the patterns here.
+Pure: no Ansible import (probed.py holds the action).
 """
 from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable
 from typing import Any
 
-from ansible_collections.pyhpc.deploy.plugins.plugin_utils.probed import ProbedAction, plain_path, unknown
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils.asked import plain_path, unknown
 
 COMMON = frozenset({"path", "dest", "destfile", "name", "state", "unsafe_writes"})
 LINEINFILE = COMMON | {"regexp", "regex", "line", "value"}
@@ -104,26 +104,3 @@ def blockinfile(args: dict[str, Any], content: bytes) -> dict[str, Any] | None:
         return None
     return {"changed": False, "msg": ""}
 
-
-class EditAction(ProbedAction):
-    """A file-editing module, run only where `decide` finds that it would change the file."""
-
-    decide: Callable[[dict[str, Any], bytes], dict[str, Any] | None]
-
-    def settle(self, args: dict[str, Any]) -> dict[str, Any] | None:
-        path = path_of(args)
-        content = self.read(path) if path else None
-        return None if content is None else type(self).decide(args, content)
-
-
-def _action(name: str, decide: Callable[[dict[str, Any], bytes], dict[str, Any] | None],
-            ) -> type[EditAction]:
-    """pyhpc.deploy.NAME's action: ansible.builtin.NAME, decided first by `decide`."""
-    return type("ActionModule", (EditAction,), {
-        "module": f"ansible.legacy.{name}", "decide": staticmethod(decide), "__module__": __name__,
-        "__doc__": f"ansible.builtin.{name}, the file read and decided first."})
-
-
-LineinfileAction = _action("lineinfile", lineinfile)
-ReplaceAction = _action("replace", replace)
-BlockinfileAction = _action("blockinfile", blockinfile)

@@ -5,39 +5,18 @@ module would, else run the module.
 A subclass names its module and writes `settle`, which returns the module's unchanged
 answer or None. None is the safe answer: anything the probe does not understand, an
 argument it does not know, a read that fails, or any change runs the module, so every
-write and every error message is Ansible's.
+write and every error message is Ansible's. The decisions themselves are pure functions
+(asked.py, edits.py, accounts.py).
 """
 from __future__ import annotations
 
-import base64
-import binascii
-import shlex
+from collections.abc import Callable
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils import asked, edits
 
-#: A regular file's bytes (following a link, as the modules' open() does), in base64.
-READ = 'f={path}; if [ -f "$f" ] && [ -r "$f" ]; then printf "file:"; base64 -w0 < "$f"; else echo other; fi'
-
-
-def plain_path(path: Any) -> bool:
-    """An absolute path the modules would not expand (type 'path': ~ and $VARS)."""
-    return isinstance(path, str) and path.startswith("/") and "$" not in path and "~" not in path
-
-
-def unknown(args: dict[str, Any], understood: frozenset[str]) -> bool:
-    """Whether `args` sets an argument outside `understood`."""
-    return any(value is not None for key, value in args.items() if key not in understood)
-
-
-def decode(stdout: str) -> bytes | None:
-    """The bytes READ printed, or None for anything else."""
-    if not stdout.startswith("file:"):
-        return None
-    try:
-        return base64.b64decode(stdout[5:].strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
+Decide = Callable[[dict[str, Any], bytes], "dict[str, Any] | None"]
 
 
 class ProbedAction(ActionBase):
@@ -58,8 +37,8 @@ class ProbedAction(ActionBase):
 
     def read(self, path: str) -> bytes | None:
         """A regular file's bytes on the host, or None."""
-        done = self.shell(READ.format(path=shlex.quote(path)))
-        return decode(str(done.get("stdout", ""))) if done.get("rc") == 0 else None
+        done = self.shell(asked.read_line(path))
+        return asked.decode(str(done.get("stdout", ""))) if done.get("rc") == 0 else None
 
     def run(self, tmp: Any = None, task_vars: Any = None) -> Any:
         result = super().run(tmp, task_vars)
@@ -71,3 +50,21 @@ class ProbedAction(ActionBase):
                                            task_vars=task_vars))
         self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
+
+
+class EditAction(ProbedAction):
+    """A file-editing module, run only where `decide` finds that it would change the file."""
+
+    decide: Decide
+
+    def settle(self, args: dict[str, Any]) -> dict[str, Any] | None:
+        path = edits.path_of(args)
+        content = self.read(path) if path else None
+        return None if content is None else type(self).decide(args, content)
+
+
+def edit_action(name: str, decide: Decide) -> type[EditAction]:
+    """pyhpc.deploy.NAME's action: ansible.builtin.NAME, decided first by `decide`."""
+    return type("ActionModule", (EditAction,), {
+        "module": f"ansible.legacy.{name}", "decide": staticmethod(decide), "__module__": __name__,
+        "__doc__": f"ansible.builtin.{name}, the file read and decided first."})
