@@ -60,7 +60,6 @@ def group_settled(args: dict[str, Any], stdout: str) -> dict[str, Any] | None:
             "system": bool(args.get("system")), "gid": int(found[2])}
 
 
-
 def lookup_line(name: Any, group: Any) -> str | None:
     """LOOKUP for `name` and `group`, or None where either is no plain account name."""
     if not all(isinstance(value, str) and value and not value.isdigit() for value in (name, group)):
