@@ -52,12 +52,17 @@ test-debs: ## Install the Debian packages the tests need (chromium, chromium-dri
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
 # Lint and unit tests use no lab and share no state: they run on one worker per CPU
-# (pytest-xdist). The integration tests run one at a time, in order: they share the one lab
-# and hostlab, and some measure what a quiet machine gives a job. Both parts always run.
+# (pytest-xdist). The integration tests run on two workers: hostlab's modules in one and
+# the lab's in the other, each in order (tests/integration/conftest.py); a test marked
+# `alone` (it measures what a quiet machine gives a job, or restarts the lab's daemons)
+# runs while the other worker waits. INTEGRATION_WORKERS=0 runs them one at a time.
+# Both parts always run.
 CHECK_WORKERS ?= auto
+INTEGRATION_WORKERS ?= 2
+INTEGRATION := $(VENV)/bin/pytest $(PYTEST_FLAGS) -n $(INTEGRATION_WORKERS) --dist loadgroup tests/integration
 test: venv test-debs lab-up ## Lint and unit tests (on every CPU), then the integration tests (deploys the lab first; idempotent when it is up).
 	rc=0; $(VENV)/bin/pytest $(PYTEST_FLAGS) -n $(CHECK_WORKERS) tests/lint tests/unit || rc=$$?; \
-	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/integration || rc=$$?; exit $$rc
+	$(INTEGRATION) || rc=$$?; exit $$rc
 
 unit: venv ## Unit tests only (no cluster needed; on every CPU); UPDATE_GOLDEN=1 accepts changed golden files.
 	$(VENV)/bin/pytest $(PYTEST_FLAGS) -n $(CHECK_WORKERS) tests/unit
@@ -65,8 +70,8 @@ unit: venv ## Unit tests only (no cluster needed; on every CPU); UPDATE_GOLDEN=1
 lint: venv ## ruff and strict mypy; yamllint, ansible syntax check and ansible-lint, hadolint, shellcheck.
 	$(VENV)/bin/pytest $(PYTEST_FLAGS) -n $(CHECK_WORKERS) tests/lint
 
-integration: venv lab-up ## Integration tests against the lab cluster.
-	$(VENV)/bin/pytest $(PYTEST_FLAGS) tests/integration
+integration: venv lab-up ## Integration tests against the lab cluster (hostlab's and the lab's side by side).
+	$(INTEGRATION)
 
 DEPLOY_LOG ?= .deploy/deploy.log
 ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e pyhpc_cluster_file=$(abspath $(CLUSTER))

@@ -1,11 +1,20 @@
-"""Fixtures shared by the integration tests."""
+"""Fixtures shared by the integration tests, and how two workers share the machine.
+
+`make integration` runs two pytest-xdist workers (``--dist loadgroup``): hostlab's modules
+in one, in their order, and the lab's in the other, in theirs. Each test holds the machine
+shared for its whole protocol (fixtures included); a test marked ``alone`` (it measures CPU
+rates, or restarts the lab's daemons under the other worker's jobs) holds it alone: the
+other worker finishes its current test and waits. Run without workers, nothing waits.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pyhpc import paths
+from tests.share import machine
 
 #: The code jobs run, from the deployed copy (pyhpc is installed editable from it): every
 #: module of the package (a job imports it or the CLI runs it to submit one), and every job
@@ -30,3 +39,21 @@ def work(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     path = tmp_path_factory.mktemp(request.module.__name__.rsplit("_", 1)[-1])
     path.chmod(0o755)
     return path
+
+
+def group(item: pytest.Item) -> str:
+    """The worker an integration test runs on: hostlab's modules share one, the lab's the
+    other (each module's tests in order, as a serial run has them)."""
+    return "hostlab" if item.get_closest_marker("hostlab") else "lab"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    with machine(alone=item.get_closest_marker("alone") is not None):
+        return (yield)

@@ -451,6 +451,7 @@ def test_one_cpu_job_gets_a_cpuset_of_one_cpu(deployed: dict[str, Any]) -> None:
     assert re.fullmatch(r"\d+", allowed), allowed
 
 
+@pytest.mark.alone  # the lab's other tests submit to the daemons it restarts
 @pytest.mark.skipif(not Path("/etc/init.d/pyhpc-slurmctld").exists(),
                     reason="the single-host lab is not deployed on this machine")
 def test_restarting_the_lab_controller_leaves_hostlabs_alone(deployed: dict[str, Any]) -> None:
@@ -465,6 +466,7 @@ def test_restarting_the_lab_controller_leaves_hostlabs_alone(deployed: dict[str,
     assert subprocess.run(["service", "pyhpc-slurmctld", "status"], timeout=30).returncode == 0
 
 
+@pytest.mark.alone  # the lab's other tests submit to the daemons it restarts
 @pytest.mark.skipif(not Path("/etc/init.d/pyhpc-munge").exists(),
                     reason="the single-host lab is not deployed on this machine")
 def test_the_labs_munged_is_found_by_its_pid_file_not_by_name(deployed: dict[str, Any]) -> None:

@@ -120,6 +120,7 @@ def cpu_rate(job: str) -> float:
     return found[0][1] if found else 0.0
 
 
+@pytest.mark.alone  # its rate is of two cores: another worker's test would take a share
 def test_a_busy_job_is_seen_with_its_cpu_rate_and_jobstats_says_about_100_percent() -> None:
     job = submit("user1", "--cpus-per-task=2", BUSY)
     rate = until(f"job {job}'s CPU rate in Prometheus", lambda: r if (r := cpu_rate(job)) > 1.2
