@@ -83,9 +83,12 @@ def test_after_the_controller_host_dies_every_job_runs_or_is_lost_and_comes_back
     wait_for("the anchor running", lambda: on("login", "squeue", "-h", "-j", anchor, "-o", "%T")
              == "RUNNING", timeout=60, every=0.2)
     # A save after the anchor started: the state put back holds it running (cpu1's slurmd
-    # runs it), as the state of a real crash would.
+    # runs it), as the state of a real crash would. slurmctld saves only after a change: the
+    # comment is one made after `started` (the start's own save may come before it, seen
+    # with the lab's tests running beside these).
     state = ctl_root() / JOB_STATE
     started = time.time()
+    on("login", "scontrol", "update", f"jobid={anchor}", "comment=running")
     wait_for("a state save after the anchor started", lambda: state.stat().st_mtime > started,
              timeout=30, every=0.05)
     saved = state.read_bytes()

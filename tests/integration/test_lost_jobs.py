@@ -95,13 +95,15 @@ def crash(where: Path, run: Path) -> tuple[str, str, list[str]]:
                 "-o", "/dev/null", "--time=5", "--wrap", held_until(str(release))).stdout.strip()
     try:
         # A save after the anchor started: the state put back holds it running (its slurmd
-        # runs it), as the state of a real crash would.
+        # runs it), as the state of a real crash would. slurmctld saves only after a change:
+        # the comment is one made after `started` (the start's own save may come before it).
         state = state_file()
         deadline = time.monotonic() + 30
         while sh("squeue", "-h", "-j", anchor, "-o", "%T").stdout.strip() != "RUNNING":
             assert time.monotonic() < deadline, "the anchor did not start"
             time.sleep(0.1)
         started = time.time()
+        sh("scontrol", "update", f"jobid={anchor}", "comment=running")
         while state.stat().st_mtime <= started:
             assert time.monotonic() < deadline, "slurmctld saved no state after the anchor started"
             time.sleep(0.02)
