@@ -30,10 +30,14 @@ venv: $(VENV)/.stamp ## Create the virtualenv for tests and benchmarks (reruns o
 venv-deploy: $(VENV)/.stamp-deploy ## The same virtualenv with only what a deploy needs (Ansible, the validator's imports).
 
 # One virtualenv, two stamps: `make deploy` on a new machine installs requirements/deploy.txt
-# (about 30 s), not the runtime and test tools of dev.txt (torch among them).
-$(VENV)/.stamp-deploy: requirements/deploy.txt pyproject.toml
+# and the roles' three collections (requirements/collections.yml), not the runtime and test
+# tools of dev.txt (torch among them). A virtualenv made before that holds the whole
+# `ansible` bundle: it is uninstalled first, as a new one never has it.
+$(VENV)/.stamp-deploy: requirements/deploy.txt requirements/collections.yml requirements/collections.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements/deploy.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+	if $(PY) -m pip show -q ansible 2>/dev/null; then $(PY) -m pip uninstall -q -y ansible; fi
+	$(PY) requirements/collections.py
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -c "import ansible, pyhpc.cluster"
 	touch $@
