@@ -18,6 +18,9 @@ the lab: it is down for several minutes and comes back up at the end from this c
     python -m benchmarks.deploy --rerun-only --hostlab  # the same for hostlab's hosts
     python -m benchmarks.deploy --rerun-only --against REF  # and this checkout's re-run
                                              # against REF's, alternated A B B A
+    python -m benchmarks.deploy --venv-only --against REF   # the control node's `make
+                                             # venv-deploy` from clean clones of REF and
+                                             # HEAD, alternated A B B A (deploy-venv.json)
 """
 from __future__ import annotations
 
@@ -231,6 +234,30 @@ def side_by_side(ref: str, hostlab: bool = False) -> dict[str, Any]:
             "new_over_old": round(mean["new"] / mean["old"], 2)}
 
 
+def venv_side_by_side(ref: str) -> dict[str, Any]:
+    """`make venv-deploy` (the control node's virtualenv: the README's first command's first
+    step) on a clean clone of `ref` (old) and of HEAD (new), each from no .venv, alternated
+    old, new, new, old; with the files each virtualenv holds."""
+    runs: dict[str, list[float]] = {"old": [], "new": []}
+    files: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="pyhpc-bench-venv-") as tmp:
+        clones = {kind: Path(tmp) / kind for kind in runs}
+        for clone in clones.values():
+            timed(["git", "clone", "--quiet", str(ROOT), str(clone)])
+        timed(["git", "-C", str(clones["old"]), "checkout", "--quiet", ref])
+        for kind in ("old", "new", "new", "old"):
+            shutil.rmtree(clones[kind] / ".venv", ignore_errors=True)
+            wall, _ = make("venv-deploy", cwd=clones[kind])
+            runs[kind].append(round(wall, 1))
+            files[kind] = sum(1 for p in (clones[kind] / ".venv").rglob("*") if p.is_file())
+        commits = {kind: timed(["git", "-C", str(clone), "rev-parse", "HEAD"])[1].strip()
+                   for kind, clone in clones.items()}
+    mean = {kind: sum(walls) / len(walls) for kind, walls in runs.items()}
+    return {"against": commits["old"], "head": commits["new"], "old_s": runs["old"],
+            "new_s": runs["new"], "old_files": files["old"], "new_files": files["new"],
+            "new_over_old": round(mean["new"] / mean["old"], 2)}
+
+
 def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pyhpc-bench-deploy-") as tmp:
         work = Path(tmp)
@@ -281,10 +308,21 @@ def main() -> int:
     parser.add_argument("--against", metavar="REF",
                         help="with --rerun-only: also this checkout's re-run against REF's, "
                              "alternated (old, new, new, old)")
+    parser.add_argument("--venv-only", action="store_true",
+                        help="with --against: time make venv-deploy on clean clones of REF and "
+                             "HEAD, alternated: deploy-venv.json")
     parser.add_argument("--hostlab", action="store_true",
                         help="with --rerun-only: hostlab's hosts as they are (make hostlab-deploy): "
                              "deploy-rerun-hostlab.json")
     args = parser.parse_args()
+    if args.venv_only:
+        if not args.against:
+            parser.error("--venv-only needs --against REF")
+        figures = venv_side_by_side(args.against)
+        written = record.write("deploy-venv", figures)
+        print(json.dumps(figures, indent=1))
+        print(f"wrote {written.relative_to(ROOT)}")
+        return 0
     if args.rerun_only:
         figures = rerun_profile(args.hostlab)
         if args.against:
