@@ -33,11 +33,11 @@ venv-deploy: $(VENV)/.stamp-deploy ## The same virtualenv with only what a deplo
 # and the roles' three collections (requirements/collections.yml), not the runtime and test
 # tools of dev.txt (torch among them). A virtualenv made before that holds the whole
 # `ansible` bundle: it is uninstalled first, as a new one never has it.
-$(VENV)/.stamp-deploy: requirements/deploy.txt requirements/collections.yml requirements/collections.py pyproject.toml
+$(VENV)/.stamp-deploy: requirements/deploy.txt requirements/collections.yml requirements/install_collections.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements/deploy.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
 	if $(PY) -m pip show -q ansible 2>/dev/null; then $(PY) -m pip uninstall -q -y ansible; fi
-	$(PY) requirements/collections.py
+	$(PY) -I requirements/install_collections.py
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -c "import ansible, pyhpc.cluster"
 	touch $@

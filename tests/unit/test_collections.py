@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pyhpc import paths
-from requirements import collections as col
+from requirements import install_collections as col
 
 #: The collections a name like NS.NAME.PLUGIN can come from (ansible-core's own excepted).
 FQCN = re.compile(r"\b((?:ansible|community)\.[a-z][a-z0-9_]*)\.[a-z][a-z0-9_]*")

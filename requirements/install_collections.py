@@ -1,7 +1,7 @@
 """Install the Ansible collections of requirements/collections.yml, and only those, into
 this Python's site-packages, from the `ansible` bundle's wheel on PyPI.
 
-    .venv/bin/python requirements/collections.py      # `make venv-deploy` runs it
+    .venv/bin/python -I requirements/install_collections.py   # `make venv-deploy` runs it
 
 pip downloads the wheel into a temporary directory (``--require-hashes``: its sha256 is
 pinned), and each listed collection is unpacked from it (``ansible_collections/NS/NAME/``)
