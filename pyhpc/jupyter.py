@@ -105,24 +105,35 @@ def server_info(runtime: Path, pid: int) -> dict[str, Any] | None:
 def wait_listening(child: subprocess.Popen[bytes], runtime: Path, addr: str,
                    timeout_s: float) -> int:
     """The port ``child`` listens on, read from the server and checked in /proc; a
-    :class:`JupyterError` line when it exits first, never listens, or the
-    port it names is not its own."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    :class:`JupyterError` line when it exits first, never listens, or the port it names
+    is not its own by the deadline.
+
+    jupyter_server writes its record before it listens: it probes a free port, closes
+    it, writes ``jpserver-PID.json``, and binds once its event loop runs. So a record
+    whose port the server does not hold yet is waited on, not refused at once; it is
+    refused when the deadline passes and the server still does not hold it."""
+    deadline, allowed = time.monotonic() + timeout_s, addresses(addr)
+    port: int | None = None
+    while True:
         if child.poll() is not None:
             raise JupyterError(f"jupyter: the server exited with status {child.returncode} "
                                   "before it listened (a port it could not take?)", "jupyter")
-        info = server_info(runtime, child.pid)
-        if info is not None:
-            port = info.get("port")
-            if info.get("pid") != child.pid or not isinstance(port, int):
-                raise JupyterError("jupyter: the server's record names another process "
-                                      "or no port", "jupyter")
-            if not holds(child.pid, port, addresses(addr)):
-                raise JupyterError(f"jupyter: port {port} on {addr} is not held by this "
-                                      "job's server; no token is handed out", "jupyter")
+        if port is None:
+            info = server_info(runtime, child.pid)
+            if info is not None:
+                named = info.get("port")
+                if info.get("pid") != child.pid or not isinstance(named, int):
+                    raise JupyterError("jupyter: the server's record names another process "
+                                          "or no port", "jupyter")
+                port = named
+        if port is not None and holds(child.pid, port, allowed):
             return port
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.5)
+    if port is not None:
+        raise JupyterError(f"jupyter: port {port} on {addr} is not held by this "
+                              "job's server; no token is handed out", "jupyter")
     raise JupyterError(f"jupyter: the server did not listen within {timeout_s:.0f} s",
                           "jupyter")
 

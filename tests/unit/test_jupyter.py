@@ -17,16 +17,18 @@ import pytest
 
 from pyhpc import jupyter
 
-#: A server that listens on 127.0.0.1:$1 and records $2 as its port (what jupyter_server
-#: writes after it has bound), then waits to be stopped.
+#: A stand-in that does what jupyter_server does, in its order: it records $2 as its port
+#: in its jpserver-PID.json first, then after $4 seconds listens on 127.0.0.1:$1 (the
+#: real server binds once its event loop runs), then waits to be stopped.
 SERVER = """
 import json, os, socket, sys, time
-s = socket.socket()
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
 info = {"pid": os.getpid(), "port": int(sys.argv[2]), "hostname": "127.0.0.1"}
 with open(os.path.join(sys.argv[3], f"jpserver-{os.getpid()}.json"), "w") as fh:
     json.dump(info, fh)
+time.sleep(float(sys.argv[4]) if len(sys.argv) > 4 else 0)
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
 time.sleep(60)
 """
 
@@ -41,8 +43,9 @@ def held() -> Iterator[socket.socket]:
     sock.close()
 
 
-def start(tmp_path: Path, bind: int, claim: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", SERVER, str(bind), str(claim), str(tmp_path)])
+def start(tmp_path: Path, bind: int, claim: int, delay: float = 0) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", SERVER, str(bind), str(claim), str(tmp_path),
+                             str(delay)])
 
 
 def free_port() -> int:
@@ -78,6 +81,19 @@ def test_the_servers_own_port_is_reported_after_the_proc_check(tmp_path: Path) -
         child.wait()
 
 
+def test_a_record_written_before_the_server_listens_is_waited_on(tmp_path: Path) -> None:
+    # jupyter_server writes jpserver-PID.json before its event loop binds the port (CI
+    # saw the job refused in that gap); the port is reported once the server holds it.
+    port = free_port()
+    child = start(tmp_path, port, port, delay=2)
+    try:
+        assert jupyter.wait_listening(child, tmp_path, "127.0.0.1", 30) == port
+        assert jupyter.holds(child.pid, port, {"127.0.0.1"})
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_port_the_server_names_but_someone_else_holds_is_refused(
         tmp_path: Path, held: socket.socket) -> None:
     theirs = held.getsockname()[1]
@@ -85,7 +101,7 @@ def test_a_port_the_server_names_but_someone_else_holds_is_refused(
     try:
         with pytest.raises(jupyter.JupyterError, match=rf"^jupyter: port {theirs} on 127\.0\.0\.1 "
                                                        "is not held by this job's server; no token"):
-            jupyter.wait_listening(child, tmp_path, "127.0.0.1", 30)
+            jupyter.wait_listening(child, tmp_path, "127.0.0.1", 3)
     finally:
         child.kill()
         child.wait()
