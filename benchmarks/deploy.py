@@ -21,6 +21,12 @@ the lab: it is down for several minutes and comes back up at the end from this c
     python -m benchmarks.deploy --venv-only --against REF   # the control node's `make
                                              # venv-deploy` from clean clones of REF and
                                              # HEAD, alternated A B B A (deploy-venv.json)
+    python -m benchmarks.deploy --cold [--against REF]  # as on a new machine: before the
+                                             # plain install and each fresh deploy, apt's
+                                             # downloaded packages and pip's cache are
+                                             # removed and apt's lists dated two hours
+                                             # back; with REF, REF's fresh deploy first,
+                                             # then HEAD's (deploy-cold.json)
 """
 from __future__ import annotations
 
@@ -140,12 +146,33 @@ def remove_plain_debs(added: list[str]) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def plain_install(pkgs: list[str], work: Path) -> tuple[dict[str, float], list[str]]:
-    """The floor: apt-get install of the packages, then pip install -r of each set into a
-    new virtualenv under ``work`` (pip's cache as it is, as the deploy finds it). Also the
-    packages apt added."""
+#: What a new machine lacks that this one has cached: apt's downloaded packages (removed by
+#: apt-get clean) and pip's cache (root's: every pip of the deploy runs as root).
+PIP_CACHE = Path.home() / ".cache" / "pip"
+APT_LISTS = (Path("/var/lib/apt/lists"), Path("/var/lib/apt/periodic/update-success-stamp"))
+
+
+def cold_caches() -> None:
+    """This machine as a new one finds it, as far as downloads go: no cached package or
+    wheel, and apt's lists older than the roles' hour (pyhpc_apt_cache_valid_s), so the
+    first install refreshes them. The lists themselves stay (a new machine has some)."""
+    timed(["apt-get", "clean"])
+    shutil.rmtree(PIP_CACHE, ignore_errors=True)
+    old = time.time() - 7200
+    for path in APT_LISTS:
+        if path.exists():
+            os.utime(path, (old, old))
+
+
+def plain_install(pkgs: list[str], work: Path,
+                  cold: bool = False) -> tuple[dict[str, float], list[str]]:
+    """The floor: apt-get install of the packages (after apt-get update where ``cold``, as
+    an admin does on a new machine), then pip install -r of each set into a new virtualenv
+    under ``work`` (pip's cache as it is, as the deploy finds it). Also the packages apt
+    added."""
     before = installed_debs()
-    took = {"apt": timed(["apt-get", "install", "-y", "-q", *pkgs], APT_ENV)[0]}
+    update_s = timed(["apt-get", "update", "-q"], APT_ENV)[0] if cold else 0.0
+    took = {"apt": update_s + timed(["apt-get", "install", "-y", "-q", *pkgs], APT_ENV)[0]}
     added = sorted(installed_debs() - before)
     reqs = ROOT / "requirements"
     for venv, files, extra in PIP_SETS:
@@ -258,24 +285,48 @@ def venv_side_by_side(ref: str) -> dict[str, Any]:
             "new_over_old": round(mean["new"] / mean["old"], 2)}
 
 
-def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
+def fresh_deploy(clone: Path, cold: bool) -> tuple[float, float, str]:
+    """`make venv-deploy` and `make deploy` (profiled) on the clean clone ``clone``, from
+    nothing of pyhpc's (and, where ``cold``, no cached download): the seconds of each and
+    the deploy's output."""
+    if cold:
+        cold_caches()
+    venv_s, _ = make("venv-deploy", cwd=clone)
+    ansible_s, out = make("deploy", env=dict(os.environ, **PROFILE_ENV), cwd=clone)
+    return venv_s, ansible_s, out
+
+
+def run_benchmark(pkgs: list[str], cold: bool = False,
+                  against: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pyhpc-bench-deploy-") as tmp:
         work = Path(tmp)
         make("undeploy", "PURGE=1")
-        plain, added = plain_install(pkgs, work / "plain")
+        if cold:
+            cold_caches()
+        plain, added = plain_install(pkgs, work / "plain", cold)
         shutil.rmtree(work / "plain")
         remove_plain_debs(added)
+        old: dict[str, Any] | None = None
+        if against:
+            before = work / "old"
+            timed(["git", "clone", "--quiet", str(ROOT), str(before)])
+            timed(["git", "-C", str(before), "checkout", "--quiet", against])
+            old_venv_s, old_ansible_s, _ = fresh_deploy(before, cold)
+            old = {"commit": timed(["git", "-C", str(before), "rev-parse", "HEAD"])[1].strip(),
+                   "fresh_deploy_s": round(old_venv_s + old_ansible_s, 1),
+                   "fresh_venv_s": round(old_venv_s, 1),
+                   "fresh_ansible_s": round(old_ansible_s, 1)}
+            make("undeploy", "PURGE=1", cwd=before)
         clone = work / "clone"
         timed(["git", "clone", "--quiet", str(ROOT), str(clone)])
-        profile_env = dict(os.environ, **PROFILE_ENV)
-        venv_s, _ = make("venv-deploy", cwd=clone)
-        ansible_s, fresh_out = make("deploy", env=profile_env, cwd=clone)
-        rerun_s, rerun_out = make("deploy", env=profile_env, cwd=clone)
+        venv_s, ansible_s, fresh_out = fresh_deploy(clone, cold)
+        rerun_s, rerun_out = make("deploy", env=dict(os.environ, **PROFILE_ENV), cwd=clone)
     fresh_s = venv_s + ansible_s
     changed = [int(c) for c in RECAP.findall(rerun_out)]
     fresh = profile(fresh_out)
     ratio = fresh_s / plain["total"]
-    return {
+    result = {
+        "cold": cold,
         "packages": pkgs,
         "plain_install_s": plain,
         "fresh_deploy_s": round(fresh_s, 1),
@@ -292,11 +343,18 @@ def run_benchmark(pkgs: list[str]) -> dict[str, Any]:
                     "rerun_max_s": RERUN_TARGET_S},
         "met": {"fresh_ratio": ratio <= FRESH_RATIO_TARGET, "fresh_s": fresh_s <= FRESH_TARGET_S,
                 "rerun": rerun_s <= RERUN_TARGET_S},
-        "notes": "apt's and pip's caches warm (no downloads here); the torch CPU wheel from "
-                 "/opt/wheels; the fresh deploy runs on a clean clone after PURGE=1 removed "
-                 "the roles' packages, state and virtualenvs; the machine's podman, Python "
-                 "and build tools stay (CI's machine has them)",
+        "notes": ("cold: before the plain install and each fresh deploy, apt-get clean, pip's "
+                  "cache removed and apt's lists dated two hours back (the plain install runs "
+                  "apt-get update first)" if cold else "apt's and pip's caches warm (no "
+                  "downloads here)")
+                 + "; the torch CPU wheel from /opt/wheels; the fresh deploy runs on a clean "
+                   "clone after PURGE=1 removed the roles' packages, state and virtualenvs; the "
+                   "machine's podman, Python and build tools stay (CI's machine has them)",
     }
+    if old is not None:
+        result["against"] = {**old, "new_over_old": round(fresh_s / old["fresh_deploy_s"], 2),
+                             "order": "old's fresh deploy, then this checkout's (one each)"}
+    return result
 
 
 def main() -> int:
@@ -311,10 +369,15 @@ def main() -> int:
     parser.add_argument("--venv-only", action="store_true",
                         help="with --against: time make venv-deploy on clean clones of REF and "
                              "HEAD, alternated: deploy-venv.json")
+    parser.add_argument("--cold", action="store_true",
+                        help="as on a new machine: no cached package or wheel before the plain "
+                             "install and each fresh deploy (deploy-cold.json)")
     parser.add_argument("--hostlab", action="store_true",
                         help="with --rerun-only: hostlab's hosts as they are (make hostlab-deploy): "
                              "deploy-rerun-hostlab.json")
     args = parser.parse_args()
+    if args.against and not (args.rerun_only or args.venv_only or args.cold):
+        parser.error("--against needs --rerun-only, --venv-only or --cold")
     if args.venv_only:
         if not args.against:
             parser.error("--venv-only needs --against REF")
@@ -340,19 +403,22 @@ def main() -> int:
               "of " + ", ".join(f for _, files, _ in PIP_SETS for f in files) + " into new "
               "virtualenvs; apt-get purge what it added; git clone; time make venv-deploy and make "
               "deploy there; time make deploy again")
-        print(f"writes {record.path('deploy').relative_to(ROOT)}")
+        print(f"writes {record.path('deploy-cold' if args.cold else 'deploy').relative_to(ROOT)}")
         return 0
     try:
-        result = run_benchmark(pkgs)
+        result = run_benchmark(pkgs, args.cold, args.against)
     finally:
         if subprocess.run(["make", "--no-print-directory", "-s", "lab-up"], cwd=ROOT,
                           check=False).returncode != 0:
             print("bench: the lab did not come back up; run make deploy", file=sys.stderr)
-    written = record.write("deploy", result)
+    written = record.write("deploy-cold" if args.cold else "deploy", result)
     print(f"plain install    {result['plain_install_s']['total']:7.1f} s  {result['plain_install_s']}")
     print(f"fresh deploy     {result['fresh_deploy_s']:7.1f} s  (.venv {result['fresh_venv_s']} s; "
           f"{result['fresh_over_plain']}x plain; targets <= {FRESH_RATIO_TARGET}x, "
           f"<= {FRESH_TARGET_S:.0f} s)")
+    if "against" in result:
+        print(f"against {result['against']['commit'][:10]} {result['against']['fresh_deploy_s']:7.1f} s  "
+              f"(new/old {result['against']['new_over_old']})")
     print(f"re-run           {result['rerun_s']:7.1f} s  "
           f"(changed={result['rerun_changed']}; target <= {RERUN_TARGET_S:.0f} s)")
     print(f"wrote {written.relative_to(ROOT)}")
