@@ -22,11 +22,11 @@ the lab: it is down for several minutes and comes back up at the end from this c
                                              # venv-deploy` from clean clones of REF and
                                              # HEAD, alternated A B B A (deploy-venv.json)
     python -m benchmarks.deploy --cold [--against REF]  # as on a new machine: before the
-                                             # plain install and each fresh deploy, apt's
-                                             # downloaded packages and pip's cache are
-                                             # removed and apt's lists dated two hours
-                                             # back; with REF, REF's fresh deploy first,
-                                             # then HEAD's (deploy-cold.json)
+                                             # plain install and each fresh deploy, podman's
+                                             # packages, apt's downloaded packages and pip's
+                                             # cache are removed and apt's lists dated two
+                                             # hours back; with REF, REF's fresh deploy
+                                             # first, then HEAD's (deploy-cold.json)
 """
 from __future__ import annotations
 
@@ -152,10 +152,25 @@ PIP_CACHE = Path.home() / ".cache" / "pip"
 APT_LISTS = (Path("/var/lib/apt/lists"), Path("/var/lib/apt/periodic/update-success-stamp"))
 
 
+def podman_packages() -> list[str]:
+    """The containers role's podman set (what a new machine lacks and this one keeps)."""
+    data = yaml.safe_load((ROLES / "containers" / "defaults" / "main.yml").read_text())
+    return list(data["containers_podman_packages"])
+
+
 def cold_caches() -> None:
-    """This machine as a new one finds it, as far as downloads go: no cached package or
-    wheel, and apt's lists older than the roles' hour (pyhpc_apt_cache_valid_s), so the
-    first install refreshes them. The lists themselves stay (a new machine has some)."""
+    """This machine as a new one finds it: no podman (the containers role's packages, which
+    `make undeploy PURGE=1` leaves; refused while a container runs, hostlab's hosts), no
+    cached package or wheel, and apt's lists two hours old. The lists themselves stay (a
+    new machine has some)."""
+    if shutil.which("podman"):
+        running = timed(["podman", "ps", "-q"])[1].strip()
+        if running:
+            raise SystemExit("bench: --cold removes podman, and containers run "
+                             "(make hostlab-down first)")
+    here = installed_debs()
+    if gone := [p for p in podman_packages() if p in here]:
+        timed(["apt-get", "purge", "-y", "-q", "--autoremove", *gone], APT_ENV)
     timed(["apt-get", "clean"])
     shutil.rmtree(PIP_CACHE, ignore_errors=True)
     old = time.time() - 7200
@@ -343,13 +358,15 @@ def run_benchmark(pkgs: list[str], cold: bool = False,
                     "rerun_max_s": RERUN_TARGET_S},
         "met": {"fresh_ratio": ratio <= FRESH_RATIO_TARGET, "fresh_s": fresh_s <= FRESH_TARGET_S,
                 "rerun": rerun_s <= RERUN_TARGET_S},
-        "notes": ("cold: before the plain install and each fresh deploy, apt-get clean, pip's "
+        "notes": ("cold: before the plain install and each fresh deploy, the containers role's "
+                  "podman packages purged with what they alone needed, apt-get clean, pip's "
                   "cache removed and apt's lists dated two hours back (the plain install runs "
-                  "apt-get update first)" if cold else "apt's and pip's caches warm (no "
-                  "downloads here)")
+                  "apt-get update first)" if cold
+                  else "apt's and pip's caches warm (no downloads here)")
                  + "; the torch CPU wheel from /opt/wheels; the fresh deploy runs on a clean "
                    "clone after PURGE=1 removed the roles' packages, state and virtualenvs; the "
-                   "machine's podman, Python and build tools stay (CI's machine has them)",
+                   "machine's Python and build tools stay (CI's machine has them), and where "
+                   "not cold its podman",
     }
     if old is not None:
         result["against"] = {**old, "new_over_old": round(fresh_s / old["fresh_deploy_s"], 2),
