@@ -164,7 +164,9 @@ def cold_caches() -> None:
     cached package or wheel, and apt's lists two hours old. The lists themselves stay (a
     new machine has some)."""
     if shutil.which("podman"):
-        running = timed(["podman", "ps", "-q"])[1].strip()
+        # stdout alone: podman warns on stderr (about the cgroup layout after a purge).
+        running = subprocess.run(["podman", "ps", "-q"], capture_output=True, text=True,
+                                 check=False).stdout.strip()
         if running:
             raise SystemExit("bench: --cold removes podman, and containers run "
                              "(make hostlab-down first)")
