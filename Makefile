@@ -99,8 +99,8 @@ status: venv ## Check the running cluster (pyhpc doctor): munge, slurmctld, slur
 lab-up: venv-deploy ## Bring the lab up (an idempotent deploy of the lab inventory).
 	$(MAKE) --no-print-directory deploy INVENTORY=ansible/inventories/lab CLUSTER=ansible/inventories/lab/cluster.yml
 
-bench-deploy: venv ## Benchmark: a clean clone's fresh deploy vs. a plain apt + pip install of the same sets, and the re-run (purges the lab; ~12 min).
-	$(PY) -m benchmarks.deploy
+bench-deploy: venv ## Benchmark: a clean clone's fresh deploy vs. a plain apt + pip install of the same sets, and the re-run (purges the lab; ~12 min); BENCH_DEPLOY_FLAGS=--cold as on a new machine.
+	$(PY) -m benchmarks.deploy $(BENCH_DEPLOY_FLAGS)
 
 bench-hostlab: venv ## Benchmark hostlab: image, hosts up, fresh deploy and re-run on 1-8 compute hosts (~30 min; restores it).
 	$(PY) -m benchmarks.hostlab
