@@ -146,9 +146,9 @@ def remove_plain_debs(added: list[str]) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-#: What a new machine lacks that this one has cached: apt's downloaded packages (removed by
-#: apt-get clean) and pip's cache (root's: every pip of the deploy runs as root).
+#: pip's cache, which a new machine lacks (root's: every pip of the deploy runs as root).
 PIP_CACHE = Path.home() / ".cache" / "pip"
+#: What says how old apt's lists are (the apt module reads the stamp first, where it exists).
 APT_LISTS = (Path("/var/lib/apt/lists"), Path("/var/lib/apt/periodic/update-success-stamp"))
 
 
@@ -421,7 +421,10 @@ def main() -> int:
         print("plan: make undeploy PURGE=1; time apt-get install -y <packages> and pip install -r "
               "of " + ", ".join(f for _, files, _ in PIP_SETS for f in files) + " into new "
               "virtualenvs; apt-get purge what it added; git clone; time make venv-deploy and make "
-              "deploy there; time make deploy again")
+              "deploy there; time make deploy again"
+              + ("; --cold: before the plain install and each fresh deploy, purge podman's "
+                 "packages, apt-get clean, remove pip's cache, date apt's lists back; the plain "
+                 "install runs apt-get update first" if args.cold else ""))
         print(f"writes {record.path('deploy-cold' if args.cold else 'deploy').relative_to(ROOT)}")
         return 0
     try:
