@@ -66,18 +66,37 @@ def execute_as(row: dict[str, str], notebook: Path) -> dict:
     return json.loads((Path(home) / "workshop" / name).read_text())
 
 
-def accounted(user: str, since: str, wait: float = 60) -> list[str]:
-    """User|Reservation|State of the user's jobs since ``since``, once sacct has them all
-    ended. Accounting lags the job: slurmctld sends its records to slurmdbd afterwards,
-    and after a slurmdbd restart (an earlier test's deploy) it reconnects within 10 s."""
+def accounted(user: str, since: str, after: int = 0, wait: float = 60) -> list[str]:
+    """User|Reservation|State of the user's jobs since ``since`` numbered above ``after``,
+    once sacct has them all ended. Accounting lags the job: slurmctld sends its records to
+    slurmdbd afterwards, and after a slurmdbd restart (an earlier test's deploy) it
+    reconnects within 10 s. ``-S`` also selects a job that ended in the second ``since``
+    names, an earlier notebook's: the job number, not the clock, tells one notebook's jobs
+    from the one's before."""
     start = time.monotonic()
     while True:
-        jobs = as_user(user, f"sacct -X -n -P -o User,Reservation,State -S {since}").stdout.split()
+        jobs = [j.split("|", 1)[1] for j in ended_or_not(user, since)
+                if int(j.split("|", 1)[0]) > after]
         ended = jobs and not any(j.endswith(("|PENDING", "|RUNNING", "|COMPLETING")) for j in jobs)
         if ended or time.monotonic() - start > wait:
             print(f"sacct had {len(jobs)} job(s) of {user} ended after {time.monotonic() - start:.0f} s")
             return jobs
         time.sleep(2)
+
+
+def ended_or_not(user: str, since: str) -> list[str]:
+    """JobIDRaw|User|Reservation|State of the user's jobs since ``since``, as sacct has them."""
+    return as_user(user, "sacct -X -n -P -o JobIDRaw,User,Reservation,State "
+                         f"-S {since}").stdout.split()
+
+
+def last_job(user: str, since: str) -> int:
+    """The number of the user's last job since ``since``, once sacct has every one of them
+    ended (0 when they have none): the jobs a notebook submits next are numbered above it."""
+    if not ended_or_not(user, since):
+        return 0
+    accounted(user, since)
+    return max(int(j.split("|", 1)[0]) for j in ended_or_not(user, since))
 
 
 def text_output(nb: dict) -> str:
@@ -117,28 +136,28 @@ def test_notebook_4_containers_as_a_new_participant(participant: dict[str, str])
     # The admin's step before the workshop (`make containers`); cached when built already.
     subprocess.run([sys.executable, "-m", "pyhpc", "containers", "build", "--variant", "cpu"],
                    cwd=paths.ROOT, check=True, timeout=1800)
-    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    user = participant["user"]
+    before = last_job(user, participant["since"])
     out = text_output(execute_as(participant, NOTEBOOKS[3]))
     assert "2 workers, torch 2.13.0+cpu" in out
-    user = participant["user"]
     home = Path(as_user(user, "cd && pwd").stdout.strip())
     # What the container wrote in the participant's directory is theirs (rootless podman).
     metrics = home / "workshop" / "workshop-runs" / "container" / "metrics.jsonl"
     assert metrics.stat().st_uid == home.stat().st_uid != 0
-    jobs = accounted(user, since)
+    jobs = accounted(user, participant["since"], after=before)
     assert jobs and all(j == f"{user}|{participant['reservation']}|COMPLETED" for j in jobs), jobs
 
 
 def test_notebook_5_a_model_too_deep_for_one_gpu_as_a_new_participant(
         participant: dict[str, str]) -> None:
-    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    before = last_job(participant["user"], participant["since"])
     out = text_output(execute_as(participant, NOTEBOOKS[4]))
     assert "out of memory: Slurm's cgroup killed a task" in out
     assert "2 stages x 2 replicas, 200 blocks" in out
     home = Path(as_user(participant["user"], "cd && pwd").stdout.strip())
     plot = home / "workshop" / "workshop-runs" / "deep" / "pipeline.png"
     assert plot.is_file() and plot.stat().st_uid == home.stat().st_uid != 0
-    jobs = accounted(participant["user"], since)
+    jobs = accounted(participant["user"], participant["since"], after=before)
     user, reservation = participant["user"], participant["reservation"]
     # The one-rank run is the notebook's own failure; the pipelined runs complete.
     assert sorted(jobs) == sorted([f"{user}|{reservation}|COMPLETED"] * 2
