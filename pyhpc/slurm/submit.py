@@ -113,14 +113,18 @@ def job_python() -> str:
 
 
 def job_setup() -> list[str]:
-    """Lines the batch script runs before its tasks: the submit directory on PYTHONPATH
-    only when it passes the one check (the user's alone), as ``python -m`` had it."""
+    """Lines the batch script runs before its tasks: the job templates' rendezvous
+    (slurm/jobs/_rendezvous.sh.j2, plain shell; submitit's own port may fall among the
+    node's ephemeral ports), then the submit directory on PYTHONPATH only when it passes
+    the one check (the user's alone), as ``python -m`` had it."""
+    rendezvous = [line for line in (paths.SLURM_JOBS / "_rendezvous.sh.j2").read_text().splitlines()
+                  if line and not line.startswith("#")]
     here = Path.cwd()
     try:
         files.safe_dir(here, arg="cwd", writable=False)
     except files.FileError:
-        return []
-    return [f"export PYTHONPATH={shlex.quote(str(here))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+        return rendezvous
+    return [*rendezvous, f"export PYTHONPATH={shlex.quote(str(here))}${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
 def _executor(spec: JobSpec, folder: Path) -> Any:
@@ -132,6 +136,9 @@ def _executor(spec: JobSpec, folder: Path) -> Any:
                                      slurm_python=job_python())
     executor.update_parameters(**jobspec.submitit_parameters(spec),
                                slurm_setup=job_setup(),
+                               # A rank that dies ends the step, as in the job templates:
+                               # the others would wait for it until the time limit.
+                               slurm_srun_args=["--kill-on-bad-exit=1"],
                                slurm_additional_parameters={"requeue": True})
     return executor
 

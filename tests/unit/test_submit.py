@@ -61,6 +61,23 @@ def test_submit_maps_the_request_onto_submitit(fake_sbatch: Path, lab: cluster.C
         assert line in text
 
 
+def test_a_submitit_job_takes_the_templates_rendezvous_and_ends_when_a_rank_dies(
+        fake_sbatch: Path, lab: cluster.Cluster) -> None:
+    pyhpc.submit(print, "hello", nodes=2, cluster=lab, folder="jobs/%j")
+    (call,) = [c for c in fake_sbatch.read_text().splitlines() if c.startswith("sbatch")]
+    script = Path(call.split()[-1]).read_text()
+    assert re.search(r"^srun .*--kill-on-bad-exit=1 ", script, re.M), script
+    setup = script[:script.index("\nsrun ")]
+    # submitit's own port is Random(job id) from 20000-60000: 59516 for job 185, among
+    # Linux's ephemeral ports (32768-60999). The setup's port never is, for any job id.
+    for job_id in (1, 185, 12767, 12768, 4243, 99999999):
+        out = subprocess.run(["bash", "-c", f"{setup}\necho $MASTER_ADDR $MASTER_PORT"],
+                             env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": str(job_id),
+                                  "SLURM_JOB_NODELIST": "cpu[1-2]"},
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert 20000 <= int(out[-1]) < 32768, (job_id, out)
+
+
 def test_cpu_partition_gets_one_task_per_node_and_no_gpu_flag(fake_sbatch: Path,
                                                                lab: cluster.Cluster) -> None:
     pyhpc.submit(print, nodes=2, cluster=lab, folder="jobs/%j")
