@@ -1,25 +1,18 @@
 """torch.distributed set-up for jobs: nccl when the task's device is a GPU, gloo otherwise.
 
-Inside a Slurm task the rank layout comes from submitit's
-``TorchDistributedEnvironment`` (which parses Slurm's variables and node lists);
-under torchrun the agent has already exported RANK/WORLD_SIZE/MASTER_*.
-``python -P -m pyhpc.dist SCRIPT|-m MODULE [ARGS]`` exports the variables, then runs
-the program, so scripts written for torchrun also run under plain srun. The job
-templates start it with ``-P``: the directory the task runs in is not on the import path
-(another user may be able to write there); :func:`import_path` puts back only what the
-program needs and can trust.
+Inside a Slurm task the rank layout comes from Slurm's variables and the job's store
+(:mod:`pyhpc.dist.launch`, which the job templates carry so that the tasks need no
+pyhpc); under torchrun the agent has already exported RANK/WORLD_SIZE/MASTER_*.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import runpy
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from pyhpc import files
-from pyhpc.dist import device
+from pyhpc.dist import device, launch
+from pyhpc.dist.launch import export_env, import_path
+
+__all__ = ["DistInfo", "export_env", "import_path", "main", "setup", "teardown"]
 
 
 @dataclass(frozen=True)
@@ -34,22 +27,6 @@ class DistInfo:
     master_port: int
     #: The task's device and precision, as :func:`pyhpc.dist.device.resolve` chose them.
     place: device.Placement = device.CPU
-
-
-def export_env() -> None:
-    """Export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT unless torchrun did already."""
-    if "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_JOB_ID" not in os.environ:
-        for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                             ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
-            os.environ.setdefault(key, default)
-        return
-    from submitit.helpers import TorchDistributedEnvironment
-
-    # submitit only reads Slurm's variables when it believes it launched the task.
-    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
-    # MASTER_PORT from the batch script (derived from the job id) wins over submitit's choice.
-    # CUDA_VISIBLE_DEVICES stays as Slurm set it: pyhpc.device picks the task's GPU from it.
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
 def setup(place: device.Placement | None = None) -> DistInfo:
@@ -100,34 +77,7 @@ def teardown(timeout_s: float = 60.0) -> None:
         store.set(f"pyhpc/teardown/{rank}", "done")
 
 
-def import_path(argv: list[str], cwd: Path) -> list[str]:
-    """The directories :func:`main` puts first on the import path for ``argv``: a script's
-    own directory (as ``python SCRIPT`` does); for ``-m MODULE`` the working directory,
-    only when it passes the one check (:func:`pyhpc.files.safe_dir`: the user's alone)."""
-    if argv[0] != "-m":
-        return [os.path.dirname(os.path.abspath(argv[0]))]
-    try:
-        return [str(files.safe_dir(cwd, arg="cwd", writable=False))]
-    except files.FileError:
-        return []
-
-
 def main(argv: list[str]) -> None:
-    """Run a script or ``-m module`` with the torch.distributed variables exported."""
-    if not argv:
-        sys.exit("usage: python -m pyhpc.dist SCRIPT|-m MODULE [ARGS...]")
-    if argv[0] == "-m" and len(argv) < 2:
-        sys.exit("pyhpc.dist: -m needs a module name")
-    sys.path[:0] = import_path(argv, Path.cwd())
-    export_env()
-    if argv[0] == "-m":
-        if importlib.util.find_spec(argv[1].split(".")[0]) is None:
-            sys.exit(f"pyhpc.dist: no module named {argv[1].split('.')[0]!r} on the import "
-                     f"path; the working directory {os.getcwd()} is on it only when nobody "
-                     "else can write it: install your code or set PYTHONPATH")
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        runpy.run_path(argv[0], run_name="__main__")
-
+    """``python -m pyhpc.dist SCRIPT|-m MODULE [ARGS]``: the job launcher from pyhpc's own
+    install, for scripts written before the templates carried it (:func:`launch.main`)."""
+    launch.main(argv)

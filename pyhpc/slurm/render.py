@@ -22,6 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyhpc import files, paths, validate
 from pyhpc.cluster import Cluster
+from pyhpc.dist import launch
 from pyhpc.errors import PyhpcError, echo
 from pyhpc.slurm import jobspec
 from pyhpc.slurm.jobspec import JobSpec, check
@@ -208,7 +209,22 @@ def environment(cluster: Cluster, own: Path | None = None,
     env.globals["sbatch"] = lambda **opts: sbatch_lines(cluster, opts)
     env.globals["fail"] = _fail
     env.globals["default_time"] = jobspec.DEFAULT_TIME
+    env.globals["launcher"] = Quoted(launcher_source())
+    env.globals["store_start_s"] = launch.STORE_START_S
     return env
+
+
+def launcher_source() -> str:
+    """pyhpc/dist/launch.py's text, which every distributed job script carries (in a quoted
+    heredoc: it reaches the tasks' Python unchanged), so the tasks need no pyhpc."""
+    return Path(launch.__file__).read_text().rstrip("\n")
+
+
+def rendezvous_lines(python: str) -> list[str]:
+    """The job templates' rendezvous (slurm/jobs/_rendezvous.sh.j2) for a batch script
+    pyhpc does not render itself (submitit's), with ``python`` hosting the store."""
+    env = environment(None)  # type: ignore[arg-type]  # the snippet calls no sbatch()
+    return env.get_template("_rendezvous.sh.j2").render(python=python).splitlines()
 
 
 def _fail(message: str) -> None:

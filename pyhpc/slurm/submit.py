@@ -114,11 +114,11 @@ def job_python() -> str:
 
 def job_setup() -> list[str]:
     """Lines the batch script runs before its tasks: the job templates' rendezvous
-    (slurm/jobs/_rendezvous.sh.j2, plain shell; submitit's own port may fall among the
-    node's ephemeral ports), then the submit directory on PYTHONPATH only when it passes
+    (slurm/jobs/_rendezvous.sh.j2: the job's store, hosted by this Python, on a port it
+    holds before any task learns it; submitit's own port is one any user could bind
+    first), then the submit directory on PYTHONPATH only when it passes
     the one check (the user's alone), as ``python -m`` had it."""
-    rendezvous = [line for line in (paths.SLURM_JOBS / "_rendezvous.sh.j2").read_text().splitlines()
-                  if line and not line.startswith("#")]
+    rendezvous = render.rendezvous_lines(sys.executable)
     here = Path.cwd()
     try:
         files.safe_dir(here, arg="cwd", writable=False)

@@ -216,7 +216,7 @@ def test_container_job_starts_the_image_on_every_node_before_the_tasks(tmp_path:
     from pyhpc.slurm import render
 
     text = render.render("container", {"module": "pyhpc.train"}, cluster.load(paths.LAB_CLUSTER))
-    body = text.split("export MASTER_ADDR MASTER_PORT\n", 1)[1]
+    body = text.split("export MASTER_PORT\n", 1)[1]
     fake = ('srun() { case "$*" in *--probe*) echo "pyhpc: the container runtime cannot start the '
             'image on cpu1: crun: no"; echo "pyhpc: ... on cpu2"; echo "srun: error" >&2; return 3;; '
             '*) echo TASKS-STARTED;; esac; }\n')

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,7 +151,7 @@ def test_container_hook_extends_the_srun_template(lab: cluster.Cluster, tmp_path
     assert "image" in render.variables(env, str(child))
     text = render.render(str(child), {"module": "pyhpc.train", "image": "lab/torch:1"}, lab)
     assert re.search(r"^srun --kill-on-bad-exit=1 podman run --rm lab/torch:1 "
-                     r"/opt/pyhpc/venv/bin/python -P -m pyhpc.dist -m pyhpc.train$", text, re.M)
+                     r"/opt/pyhpc/venv/bin/python -P -c \"\$PYHPC_LAUNCH\" -m pyhpc.train$", text, re.M)
 
 
 def test_srun_template_has_the_launch_prefix_block_before_python() -> None:
@@ -158,17 +159,21 @@ def test_srun_template_has_the_launch_prefix_block_before_python() -> None:
     assert re.search(r"^srun .*\{% block launch_prefix %\}\{% endblock %\}\{\{ python", source, re.M)
 
 
-def test_master_port_derives_from_the_job_id(lab: cluster.Cluster, tmp_path: Path) -> None:
-    text = render.render("ddp-srun", {"module": "m"}, lab)
-    block = text[text.index("MASTER_ADDR="):text.index("export MASTER_ADDR")]
-    ports = set()
-    for job_id in ("1001", "1002"):
-        out = subprocess.run(["bash", "-c", block.replace("$(scontrol show hostnames "
-                              '"$SLURM_JOB_NODELIST" | head -n 1)', "cpu1") + 'echo $MASTER_PORT'],
-                             env={**os.environ, "SLURM_JOB_ID": job_id}, capture_output=True,
-                             text=True, check=True)
-        ports.add(int(out.stdout))
-    assert len(ports) == 2 and all(20000 <= p < 60000 for p in ports)
+def test_the_rendezvous_port_is_one_the_jobs_store_already_holds(lab: cluster.Cluster) -> None:
+    """The batch script learns MASTER_PORT from its store, which bound it first (a port the
+    kernel chose, not one derived from the job id that another user could bind before)."""
+    pytest.importorskip("torch")
+    text = render.render("ddp-srun", {"module": "m", "python": sys.executable}, lab)
+    end = text.index("export MASTER_PORT\n") + len("export MASTER_PORT\n")
+    block = text[text.index("PYHPC_LAUNCH="):end]
+    check = ('python3 -c "import socket, sys; s = socket.socket(); '
+             's.bind((\'127.0.0.1\', int(sys.argv[1])))" "$MASTER_PORT" 2>&1 || true; '
+             'echo "port=$MASTER_PORT"')
+    out = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block + check],
+                         env={**os.environ, "SLURM_JOB_ID": "1001", "SLURMD_NODENAME": "localhost"},
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "Address already in use" in out, out
+    assert 1024 <= int(out.split("port=")[1]) < 65536, out
 
 
 def test_parse_sets_needs_key_and_value() -> None:
