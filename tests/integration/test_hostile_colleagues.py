@@ -253,3 +253,75 @@ def test_results_read_back_never_hang_on_a_planted_fifo(home: Path, shared: Path
     # The checkpoint planted in a shared run directory is never resumed from: refused.
     proc = pyhpc(home, "train", "--out", f"{shared}/run", "--wait", timeout=60)
     refused(proc, rf"out: refusing {shared}/run: {shared} is writable by group lab ")
+
+
+# -- a colleague squatting the rendezvous ports (issue 51, item 2) ----------------------------
+
+#: user2's squatter: binds every port it can from FIRST on, counts who connects, and ends
+#: after LIFE seconds (or at once when its stop file appears).
+SQUATTER = """import os, select, socket, sys, time
+first, count, life, log = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+socks = []
+for port in range(first, first + count):
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", port)); s.listen(16); socks.append(s)
+    except OSError:
+        s.close()
+print(len(socks), flush=True)
+end = time.monotonic() + life
+while time.monotonic() < end and not os.path.exists(log + ".stop"):
+    for s in select.select(socks, [], [], 0.5)[0]:
+        conn, peer = s.accept()
+        with open(log, "a") as f:
+            f.write(f"{s.getsockname()[1]} {peer}\\n")
+        conn.close()
+"""
+
+
+def next_job_ids(count: int) -> list[int]:
+    """The ids the lab's controller gives next (only this worker submits to it)."""
+    known = sh("squeue", "-h", "-a", "-o", "%i").stdout.split() + sh(
+        "sacct", "-n", "-X", "-a", "-o", "JobID", "-S", "now-7days").stdout.split()
+    last = max([int(j.split("_")[0]) for j in known if j.split("_")[0].isdigit()] or [0])
+    return list(range(last + 1, last + 1 + count))
+
+
+@pytest.fixture
+def squatted() -> Iterator[Path]:
+    """user2 holds the ports the next jobs' old rendezvous took (20000 + job id % 12768)
+    with 20 on either side; yields the file where it logs every connection."""
+    folder = Path(as_user(PLANTER, f"mkdir -p -m 700 ~/ci-squat-{RUN} && cd ~/ci-squat-{RUN} && "
+                                   "pwd").stdout.strip())
+    as_user(PLANTER, f"printf %s {shlex.quote(SQUATTER)} > {folder}/squat.py")
+    log = folder / "heard"
+    first = 20000 + next_job_ids(1)[0] % 12768 - 20
+    proc = subprocess.Popen(["su", "-", PLANTER, "-c", f"exec python3 {folder}/squat.py {first} "
+                             f"50 500 {log}"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and int(proc.stdout.readline()) >= 45
+        yield log
+    finally:
+        as_user(PLANTER, f"touch {log}.stop")
+        proc.wait(30)
+        sh("rm", "-rf", str(folder))
+
+
+@pytest.mark.parametrize("how", ["ddp-srun", "torchrun", "train"])
+def test_a_colleague_squatting_the_rendezvous_ports_is_never_reached(
+        home: Path, squatted: Path, how: str) -> None:
+    """Before the fix the ranks joined the squatter's "store" (whose pickles torch's
+    rendezvous loads) and the job failed; now the job's port is its store's, bound before
+    any rank learns it: the job completes and the squatter hears from nobody."""
+    run = home / f"squat-{how}"
+    if how == "train":
+        proc = pyhpc(home, "train", "--nodes", "2", "--epochs", "1", "--out", str(run),
+                     "--wait", "--json")
+    else:
+        proc = pyhpc(home, "submit", how, "--nodes", "2", "--set", "module=pyhpc.train",
+                     "--set", f"args=--out {run} --epochs 1", "--set",
+                     f"output={home}/%x-%j.out", "--wait", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["state"] == "COMPLETED"
+    assert (run / "metrics.jsonl").is_file()
+    assert not squatted.exists(), squatted.read_text()

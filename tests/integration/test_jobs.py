@@ -154,6 +154,51 @@ def test_torchrun_template_runs_on_two_nodes(work: Path) -> None:
     assert len(row["nodes"].split(",")) == 2
 
 
+#: A researcher's own program: plain torch.distributed, nothing of pyhpc's.
+OWN_SCRIPT = """import json, torch, torch.distributed as td
+td.init_process_group("gloo")
+total = torch.tensor([td.get_rank() + 1.0])
+td.all_reduce(total)
+print(json.dumps({"rank": td.get_rank(), "world": td.get_world_size(), "sum": total.item()}))
+td.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def own_venv(home: Path) -> Path:
+    """The researcher's own environment as they would make it: a venv with torch alone
+    (pip, from this machine's CPU wheel), no pyhpc, no submitit; kept between runs."""
+    venv = home / "ci-own-torch"
+    python = venv / "bin" / "python"
+    probe = f"{python} -c 'import torch' && ! {python} -c 'import pyhpc' 2>/dev/null"
+    if researcher(home, probe).returncode != 0:
+        made = researcher(home, f"rm -rf {venv} && python3 -m venv {venv} && {venv}/bin/pip "
+                                "install -q --disable-pip-version-check --find-links /opt/wheels "
+                                "torch==2.13.0", timeout=900)
+        assert made.returncode == 0, made.stdout + made.stderr
+    assert researcher(home, probe).returncode == 0
+    return venv
+
+
+@pytest.mark.parametrize("template", ["ddp-srun", "node-gpus", "torchrun"])
+def test_every_template_runs_in_the_researchers_own_venv_without_pyhpc(
+        work: Path, own_venv: Path, template: str) -> None:
+    """Issue 51's 2b: the tasks start through the launcher the script carries, not
+    ``-m pyhpc.dist``, which a venv without pyhpc cannot import."""
+    as_user(RESEARCHER, f"printf %s {shlex.quote(OWN_SCRIPT)} > {work}/own.py")
+    shape = (["--partition", "gpu", "--gpus-per-node", "2"] if template == "node-gpus"
+             else ["--nodes", "2"])
+    proc = pyhpc(work, "submit", template, *shape, "--set", f"script={work}/own.py",
+                 "--set", f"python={own_venv}/bin/python", "--set", f"output={work}/%j.out",
+                 "--wait", "--json")
+    result = json.loads(proc.stdout)
+    log = (work / f"{result['job_id']}.out").read_text()
+    assert result["state"] == "COMPLETED", log
+    rows = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in rows) == [0, 1], log
+    assert all(r["world"] == 2 and r["sum"] == 3.0 for r in rows), log
+
+
 def test_single_node_template_runs_one_task_per_gpu(work: Path) -> None:
     run = work / "node-gpus"
     proc = pyhpc(work, "submit", "node-gpus", "--partition", "gpu", "--gpus-per-node", "2",
