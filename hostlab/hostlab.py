@@ -41,13 +41,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +107,23 @@ KNOWN_HOSTS = SSH_DIR / "known_hosts"
 #: Made at a host's first boot by pyhpc-ssh-hostkey.service (hostlab/image).
 HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
 HOST_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+#: What podman 4 says when two of its objects hold one lock ("... share lock ID 3: deadlock
+#: due to lock mismatch", wrapped in "please run 'podman system renumber' ...").
+LOCK_MISMATCH = ("deadlock due to lock mismatch", "podman system renumber")
+#: The states `up` and `down` leave a host in; any other is a killed podman's (created, never
+#: started: `podman run` killed; stopping, removing: `stop` or `rm` killed; configured...).
+SETTLED = ("running", "exited", "stopped")
 EXEC_TIMEOUT_S = 30
 ANSWER_TIMEOUT_S = 10
 
 
 class HostlabError(Exception):
     """A one-line message for the user."""
+
+
+class LockMismatch(HostlabError):
+    """podman found two of its objects holding one lock: its state and the lock segment
+    disagree (/dev/shm remade under a kept state, or a killed podman's allocation)."""
 
 
 def log(message: str) -> None:
@@ -176,8 +188,9 @@ class Podman:
                               stderr=subprocess.PIPE if capture else None)
         if check and proc.returncode != 0:
             detail = (proc.stderr or "").strip().splitlines()[-1:] if capture else []
-            raise HostlabError(f"podman {' '.join(args[:3])} ... failed with exit status "
-                               f"{proc.returncode}{': ' + detail[0] if detail else ''}")
+            error = LockMismatch if is_lock_mismatch(proc.stderr or "") else HostlabError
+            raise error(f"podman {' '.join(args[:3])} ... failed with exit status "
+                        f"{proc.returncode}{': ' + detail[0] if detail else ''}")
         return proc
 
     def out(self, *args: str) -> str:
@@ -199,6 +212,11 @@ class Podman:
             return self.run("exec", host, *cmd, check=False, timeout=timeout)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout} s")
+
+
+def is_lock_mismatch(stderr: str) -> bool:
+    """Whether podman's error says its locks disagree (it names its own remedy)."""
+    return any(text in stderr for text in LOCK_MISMATCH)
 
 
 def preflight() -> None:
@@ -381,13 +399,7 @@ def start_hosts(podman: Podman, hosts: Sequence[str], release: str) -> list[str]
     image_id = podman.out("image", "inspect", "--format", "{{.Id}}", image)
     for host in hosts:
         row = current.get(host)
-        if row and row["State"] == "running" and not answers(podman, host):
-            # podman's state outlived the host's processes (they were killed from
-            # outside, e.g. with the session that started them): start it anew.
-            log(f"{host} is listed as running but does not answer; recreating it")
-            remove(podman, [host], stop_s=0)
-            del current[host]
-        elif row and row["State"] == "running" and row["ImageID"] != image_id:
+        if row and row["State"] == "running" and row["ImageID"] != image_id:
             log(f"{host} runs an image other than {image} (older, or another release); "
                 "`make hostlab-down` and up again to recreate it")
     started = [h for h in hosts if h not in current or current[h]["State"] != "running"]
@@ -403,6 +415,110 @@ def start_hosts(podman: Podman, hosts: Sequence[str], release: str) -> list[str]
     with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
         list(pool.map(start, started))
     return started
+
+
+# --- repair: what a killed run or a machine's end left -------------------------
+
+@dataclass
+class Repair:
+    """What `up` found of an interrupted run's podman state and what it did: one line."""
+    found: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    renumbered: bool = False
+
+    def line(self) -> str | None:
+        if not self.found:
+            return None
+        return (f"podman state left by an interrupted run ({'; '.join(self.found)}); "
+                f"{', '.join(self.done)}")
+
+
+def broken_hosts(rows: dict[str, dict[str, Any]], hosts: Sequence[str],
+                 answers_: Callable[[str], bool]) -> dict[str, str]:
+    """The hosts to recreate, each with what is wrong: a state `up` and `down` never leave
+    (rows: `podman ps -a` by name), or listed as running while `answers_(host)` is False."""
+    broken = {}
+    for host in hosts:
+        state = rows[host]["State"] if host in rows else None
+        if state is not None and state not in SETTLED:
+            broken[host] = f"{host} {state}" + (", never started" if state == "created" else "")
+        elif state == "running" and not answers_(host):
+            broken[host] = f"{host} listed as running but does not answer"
+    return broken
+
+
+def repair_hosts(podman: Podman, hosts: Sequence[str], repair: Repair) -> None:
+    """Remove the broken hosts; start_hosts makes them anew from their volumes.
+
+    Recreate, not start: a `podman run` killed mid-way leaves runc's state of a container
+    podman never started ("created"), and `podman start` then fails ("container with given
+    ID already exists"); a host killed from outside stays "running" in podman's state. A
+    host's state lives in its volumes and the shared storage, so a new container of it
+    loses only what a reboot loses."""
+    rows = podman.containers()
+    broken = broken_hosts(rows, hosts, lambda h: answers(podman, h))
+    if broken:
+        remove(podman, sorted(broken), stop_s=0, say=False)
+        end_conmons({rows[h]["Id"] for h in broken})
+        repair.found += broken.values()
+        repair.done.append(f"removed {', '.join(sorted(broken))} to recreate from the volumes")
+
+
+def conmon_pids(ids: set[str], proc: Path = Path("/proc")) -> list[int]:
+    """The conmon processes (`conmon ... -c ID`) of the given containers, then their children."""
+    parents: dict[int, int] = {}
+    conmons = []
+    for entry in proc.iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if argv[0].endswith(b"conmon") and b"-c" in argv[:-1] and \
+                argv[argv.index(b"-c") + 1].decode() in ids:
+            conmons.append(int(entry.name))
+    return sorted(conmons) + sorted(pid for pid, parent in parents.items() if parent in conmons)
+
+
+def end_conmons(ids: set[str]) -> None:
+    """SIGKILL the conmon of each removed container that outlived it, and its children: a
+    container made by a `podman run` killed mid-way keeps them after `rm` (its `runc init`
+    waits for a start that never comes)."""
+    for pid in reversed(conmon_pids(ids)):  # children first
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def renumber(podman: Podman, repair: Repair, error: LockMismatch) -> None:
+    """`podman system renumber`, podman's own remedy for a lock mismatch, once per `up`.
+
+    Only where podman says so: it rewrites each object's lock number and keeps running hosts
+    running (its state on disk outlived the lock segment, a tmpfs: /dev/shm remade under a
+    kept /run, or a killed podman's lock freed). The segment (/dev/shm/libpod_lock) is one
+    for every rootful store of the machine: renumber frees all their locks and takes back
+    hostlab's, so a container another store holds then may later share a lock (podman says
+    so there). Under hostlab's lock: no other hostlab podman runs."""
+    if repair.renumbered:
+        raise HostlabError(f"podman's locks still disagree after podman system renumber "
+                           f"({error}); `make hostlab-down` and up again (volumes are kept)")
+    podman.out("system", "renumber")
+    repair.renumbered = True
+    repair.found.insert(0, "lock mismatch")
+    repair.done.insert(0, "ran podman system renumber")
+
+
+def bring_up(podman: Podman, hosts: Sequence[str], release: str, repair: Repair) -> list[str]:
+    """Repair what an interrupted run left, then the network and start_hosts; where podman
+    says its locks disagree (on the way, or already in `podman ps`), renumber and again."""
+    while True:
+        try:
+            repair_hosts(podman, hosts, repair)
+            ensure_network(podman)
+            return start_hosts(podman, hosts, release)
+        except LockMismatch as error:
+            renumber(podman, repair, error)
 
 
 def ensure_ssh_key() -> None:
@@ -461,7 +577,7 @@ def write_ssh(podman: Podman) -> None:
     write_private(SSH_CONFIG, config)
 
 
-def remove(podman: Podman, names: Sequence[str], stop_s: int) -> None:
+def remove(podman: Podman, names: Sequence[str], stop_s: int, say: bool = True) -> None:
     """`podman rm --force` the containers, each given `stop_s` to stop.
 
     A container whose processes were killed from outside, conmon first, stays "running" in
@@ -473,7 +589,8 @@ def remove(podman: Podman, names: Sequence[str], stop_s: int) -> None:
     try:
         podman.run(*argv, *names)
     except HostlabError as first:
-        log(f"podman rm failed ({first}); removing again")
+        if say:  # a repair says what it did in its own one line
+            log(f"podman rm failed ({first}); removing again")
         podman.out(*argv, "--ignore", *names)
 
 
@@ -532,9 +649,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             raise HostlabError(f"image {image} is missing: run `make hostlab-image` first")
         if have != recipe(args.release):
             log(f"image {image} is older than its recipe: `make hostlab-image` rebuilds it")
-        ensure_network(podman)
         ensure_ssh_key()
-        started = start_hosts(podman, inventory.hosts, args.release)
+        repair = Repair()
+        try:
+            started = bring_up(podman, inventory.hosts, args.release, repair)
+        finally:
+            if line := repair.line():
+                log(line)
         created = time.monotonic() - start
         states = wait_booted(podman, inventory.hosts, args.timeout)
         report_states(podman, states)
