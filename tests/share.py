@@ -5,6 +5,9 @@ Two flock'd files: the share itself, and a gate every test passes on its way to 
 ``alone`` test holds the gate while it waits, so that the other worker's next test cannot
 take the share before it (a reader arriving on a reader would starve it otherwise). A lock
 goes with the process that held it, however that process ends.
+
+And what a module's fixture raises when the machine cannot give it what its tests need
+(hostlab's hosts did not come up): `Unavailable`, one line, which the suite reports once.
 """
 from __future__ import annotations
 
@@ -37,3 +40,8 @@ def machine(alone: bool, gate_path: Path = GATE, share_path: Path = SHARE) -> It
             os.close(share)
     finally:
         os.close(gate)
+
+
+class Unavailable(Exception):
+    """A module's fixture could not set up what its tests need, in one line (hostlab's own
+    error). The first test it fails errors with the line; every later one skips on it."""

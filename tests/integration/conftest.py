@@ -5,6 +5,10 @@ in one, in their order, and the lab's in the other, in theirs. Each test holds t
 shared for its whole protocol (fixtures included); a test marked ``alone`` (it measures CPU
 rates, or restarts the lab's daemons under the other worker's jobs) holds it alone: the
 other worker finishes its current test and waits. Run without workers, nothing waits.
+
+A fixture that raises `Unavailable` (hostlab's hosts did not come up) errors the first test
+with its one line; each later test that meets the same line skips on it, so an unrepairable
+hostlab is one error, not one per test.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pyhpc import paths
-from tests.share import machine
+from tests.share import Unavailable, machine
 
 #: The code jobs run, from the deployed copy (pyhpc is installed editable from it): every
 #: module of the package (a job imports it or the CLI runs it to submit one), and every job
@@ -57,3 +61,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     with machine(alone=item.get_closest_marker("alone") is not None):
         return (yield)
+
+
+#: The lines of `Unavailable` already reported in this run (hostlab's modules share a worker).
+REPORTED: set[str] = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    if call.when == "setup" and call.excinfo is not None and call.excinfo.errisinstance(Unavailable):
+        line = str(call.excinfo.value)
+        if line in REPORTED:
+            report.outcome = "skipped"
+            report.longrepr = (item.location[0], item.location[1] or 0,
+                               f"Skipped: {line} (the error above)")
+        else:
+            REPORTED.add(line)
+            report.longrepr = line
+    return report

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import pytest
 import yaml
 
 from pyhpc import paths
+from tests.share import Unavailable
 from tests.unit import roleplay
 
 INVENTORY = paths.ROOT / "ansible" / "inventories" / "hostlab" / "hosts.yml"
@@ -64,6 +66,22 @@ def _run(argv: list[str] | tuple[str, ...], timeout: int = 600) -> tuple[subproc
 
 def _make(target: str, timeout: int = 900) -> tuple[str, float]:
     proc, took = _run(["make", "--no-print-directory", target], timeout=timeout)
+    return proc.stdout, took
+
+
+def bring_up(target: str, env: dict[str, str] | None = None, timeout: int = 1800) -> tuple[str, float]:
+    """`make TARGET` (hostlab-image, hostlab-up) for a module's fixture. A failure raises
+    Unavailable with one line, hostlab's own error (tests/integration/conftest.py reports it
+    once: one error, the other tests skip on it), not each test's error with the whole output."""
+    start = time.monotonic()
+    proc = subprocess.run(["make", "--no-print-directory", target], cwd=paths.ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - start
+    print(f"$ make {target}  ({took:.1f} s)\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    if proc.returncode != 0:
+        lines = (proc.stderr + proc.stdout).strip().splitlines() or ["no output"]
+        line = next((ln for ln in lines if ln.startswith("hostlab: error:")), lines[-1])
+        raise Unavailable(f"make {target} failed: {line}")
     return proc.stdout, took
 
 
@@ -124,10 +142,10 @@ def hostlab() -> dict[str, Any]:
     """Debian 13 hosts (the default release; test_hostlab_life.py runs Debian 12's) up:
     image (built or cached), then `make hostlab-up`; the figures measured."""
     release_hosts("trixie")
-    out, first = _make("hostlab-image", timeout=1800)
+    out, first = bring_up("hostlab-image")
     built = "image built in" in out
-    _, cached = _make("hostlab-image")
-    out, up = _make("hostlab-up")
+    _, cached = bring_up("hostlab-image")
+    out, up = bring_up("hostlab-up")
     figures = {"image_s": first, "image_built": built, "image_cached_s": cached, "up_s": up,
                "up_started": "started " in out, "status": status()}
     print(f"hostlab: image {'built (cold)' if built else 'was cached'} in {first:.1f} s, "
@@ -136,11 +154,16 @@ def hostlab() -> dict[str, Any]:
     return figures
 
 
+#: The start of the one line `up` prints when it repairs what an interrupted run left.
+REPAIRED = "hostlab: podman state left by an interrupted run ("
+
+
 def test_second_up_restarts_no_running_host(hostlab: dict[str, Any]) -> None:
     before = hostlab["status"]
     out, took = _make("hostlab-up")
     after = status()
     assert "were already running" in out and "started" not in out
+    assert REPAIRED not in out  # nothing wrong: no repair, no line
     for host in HOSTS:
         assert after[host]["state"] == "running"
         assert (after[host]["id"], after[host]["started_at"]) == \
@@ -228,6 +251,60 @@ def test_up_recreates_a_host_whose_processes_were_killed(hostlab: dict[str, Any]
     assert on(host, "cat", "/sys/class/net/eth0/address") == mac
     assert on(host, "cat", "/proc/1/comm") == "systemd"
     assert on(host, "systemctl", "is-system-running") in ("running", "degraded")
+
+
+def pids(*marks: str) -> list[int]:
+    """Processes whose command line holds every one of `marks`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if all(mark in line for mark in marks):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_podman_mid_up(host: str) -> str:
+    """`make hostlab-up` whose `podman run` of `host` is SIGKILLed once it has started the
+    host's conmon (the container made, not yet started); up's output. Tried up to 3 times:
+    a run that wins the race brings the host up, and is removed for the next try."""
+    for _ in range(3):
+        _run([*HOSTLAB, "podman", "rm", "--force", "--time", "0", host])
+        up = subprocess.Popen(["make", "--no-print-directory", "hostlab-up"], cwd=paths.ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline, killed = time.monotonic() + 120, []
+        while up.poll() is None and time.monotonic() < deadline and not killed:
+            if pids("conmon", f" -n {host} "):
+                killed = pids("podman", f" run --detach --name {host} ")
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+        out = up.communicate(timeout=300)[0]
+        print(f"$ make hostlab-up, its podman run of {host} killed: {killed or 'missed'}\n{out}")
+        if killed:
+            return out
+    pytest.fail(f"podman run of {host} ended before this test could kill it, 3 times")
+
+
+def test_up_repairs_what_a_podman_killed_mid_up_left(hostlab: dict[str, Any]) -> None:
+    """A `podman run` SIGKILLed mid-up leaves the host "created", which `podman start` cannot
+    start (runc still holds its state); the next `make hostlab-up` says so in one line, makes
+    the host anew from its volume (a file written in its /var/log is there) and it works."""
+    host = COMPUTE[0]
+    on(host, "sh", "-c", "echo kept > /var/log/pyhpc-hostlab-repair")
+    out = kill_podman_mid_up(host)
+    assert "failed with exit status -9" in out, out
+    left = status()[host]
+    assert left["state"] == "created"
+    out, took = _make("hostlab-up")
+    assert [line for line in out.splitlines() if line.startswith(REPAIRED)] == [
+        f"{REPAIRED}{host} created, never started); removed {host} to recreate from the volumes"]
+    assert f"started {host};" in out, out
+    assert on(host, "cat", "/var/log/pyhpc-hostlab-repair") == "kept"
+    assert on(host, "systemctl", "is-system-running") in ("running", "degraded")
+    assert not pids("conmon", f" -c {left['id']} "), "the killed run's conmon outlived its container"
+    print(f"hostlab: make hostlab-up repaired {host} in {took:.1f} s")
 
 
 SSH_DIR = Path("/var/lib/pyhpc/hostlab/ssh")

@@ -28,6 +28,7 @@ from test_hostlab import (
     HOSTLAB,
     SKIP,
     _run,
+    bring_up,
     kill_from_outside,
     mark_converged,
     on,
@@ -102,8 +103,9 @@ def converge(release: str) -> None:
     # A run killed between adding a host and its teardown leaves that host up: away with it.
     _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", NEW_HOST])
     release_hosts(release)
-    _, image = make_with("hostlab-image", release=release)
-    _, up = make_with("hostlab-up", release=release)
+    env = dict(os.environ, HOSTLAB_INVENTORY=str(INVENTORY_DIR), HOSTLAB_RELEASE=release)
+    _, image = bring_up("hostlab-image", env)  # a failure: one line, once (Unavailable)
+    _, up = bring_up("hostlab-up", env)
     reused = still_converged(release)
     if reused:
         print(f"hostlab ({release}): converged earlier in this run, the same hosts all "
