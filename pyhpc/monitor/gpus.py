@@ -4,18 +4,16 @@ Only NVML gives utilization and memory, so only a host whose driver answers has 
 series. The lab's stand-ins (character devices with NVIDIA's major number, no driver)
 get no figure at all: absent, not zero. A GPU is matched to a job by its device minor
 number: from the job's v1 ``devices.list`` where the cgroup restricts devices, else from
-Slurm's GRES index (``scontrol -d show job``: ``GRES=gpu:2(IDX:0-1)``), which counts
+Slurm's GRES index (squeue's JSON ``gres_detail``: ``gpu:2(IDX:0-1)``, read by
+:func:`pyhpc.slurm.slurm.job_details`), which counts
 along the node's GPUs in gres.conf's order (``File=/dev/nvidia[0-3]``, or NVML's with
 ``AutoDetect=nvml``), that is, by minor number.
 """
 from __future__ import annotations
 
 import importlib
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from pyhpc.slurm.rows import hostlist
 
 
 @dataclass(frozen=True)
@@ -91,52 +89,6 @@ class Nvml:
 def _text(value: str | bytes) -> str:
     """NVML strings are bytes in older bindings, str in newer ones."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """What slurmctld says of one job: owner, account, and per node its GPU indices and
-    how many CPUs it holds there (``CPU_IDs``)."""
-
-    job_id: str
-    user: str
-    account: str
-    gpu_index: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    cpus: dict[str, int] = field(default_factory=dict)
-
-
-def _indices(spec: str) -> tuple[int, ...]:
-    """``0-1,3`` -> (0, 1, 3)."""
-    out: list[int] = []
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        if low.isdigit() and (not high or high.isdigit()):
-            out += range(int(low), int(high or low) + 1)
-    return tuple(out)
-
-
-_DETAIL = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S*) Mem=\S* GRES=(\S*)")
-
-
-def job_details(text: str) -> dict[str, JobInfo]:
-    """``scontrol -d -o show job``'s lines, by job id (``UserId=alice(1000)``,
-    ``Account=``, and each ``Nodes=... CPU_IDs=0-3 ... GRES=gpu:a100:2(IDX:0-1)`` block)."""
-    out: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        fields = dict(re.findall(r"(?:^|\s)(JobId|UserId|Account)=(\S*)", line))
-        if not fields.get("JobId", "").isdigit():
-            continue
-        per_node: dict[str, tuple[int, ...]] = {}
-        cpus: dict[str, int] = {}
-        for nodes, cpu_ids, gres in _DETAIL.findall(line):
-            index = tuple(i for item in re.findall(r"gpu[^,(]*\(IDX:([0-9,-]+)\)", gres)
-                          for i in _indices(item))
-            for node in hostlist(nodes):
-                per_node[node] = index
-                cpus[node] = len(_indices(cpu_ids))
-        out[fields["JobId"]] = JobInfo(fields["JobId"], fields.get("UserId", "").split("(")[0],
-                                       fields.get("Account", ""), per_node, cpus)
-    return out
 
 
 def minors_by_index(index: tuple[int, ...], node_minors: list[int]) -> frozenset[int]:

@@ -3,9 +3,11 @@ host as Prometheus metrics, one exporter per host.
 
 Which jobs run here comes from the cgroup tree (:mod:`pyhpc.monitor.cgroups`): CPU time
 and memory, current and peak, per job. Each job's user and account come from ONE
-``scontrol -d -o show job`` a scrape (none while the host runs no job), which also
-carries the job's GPU indices per node: squeue's text has no GRES index, and its
-``--json`` is some 4 KB a job.
+``squeue --json`` a scrape (none while the host runs no job), which also carries the
+job's GPU indices and CPUs per node (squeue's text has no GRES index). Its JSON is some
+4 KB a job, where ``scontrol -d -o show job`` is a third of that, but scontrol's text
+lets a job's name or comment forge another job's user, account and GPUs
+(:mod:`pyhpc.slurm.rows`).
 Not from the job's environment: Slurm keeps no world-readable copy of it, and reading
 ``/proc/PID/environ`` of another user's process needs root; the exporter reads only
 world-readable files. Under ``PrivateData=jobs`` slurmctld shows every job only to an
@@ -59,7 +61,7 @@ def stand_ins(node: str, gres_conf: Path) -> int:
 
 
 class JobCollector:
-    """One scrape: the cgroup tree, one scontrol call, NVML where a driver answers."""
+    """One scrape: the cgroup tree, one squeue call, NVML where a driver answers."""
 
     def __init__(self, nodes: list[str], root: Path = cgroups.ROOT,
                  gres_conf: Path = GRES_CONF, nvml: gpus.Nvml | None = None) -> None:
@@ -74,13 +76,13 @@ class JobCollector:
         jobs = cgroups.read_jobs(self.nodes[0], self.root)
         ok = GaugeMetricFamily("pyhpc_exporter_command_ok", "1 if the command answered in "
                                "this scrape", labels=["command"])
-        details: dict[str, gpus.JobInfo] = {}
+        details: dict[str, rows.JobView] = {}
         if jobs:  # an idle host asks slurmctld nothing
             try:
-                details = gpus.job_details(slurm.job_details())
-                ok.add_metric(["scontrol"], 1)
+                details = slurm.job_details()
+                ok.add_metric(["squeue"], 1)
             except slurm.SlurmError:
-                ok.add_metric(["scontrol"], 0)
+                ok.add_metric(["squeue"], 0)
         labels = {(j.node, j.job_id): self._labels(j, details) for j in jobs}
         yield from job_metrics(jobs, labels)
         yield from held_metrics(jobs, details, labels)
@@ -90,9 +92,9 @@ class JobCollector:
             yield from gpu_metrics(samples, self._holders(jobs, details, samples), labels,
                                    self.nodes[0])
         yield ok
-        yield from self.count.metrics(("scontrol",))
+        yield from self.count.metrics(("squeue",))
 
-    def _labels(self, job: cgroups.JobUsage, details: dict[str, gpus.JobInfo]) -> list[str]:
+    def _labels(self, job: cgroups.JobUsage, details: dict[str, rows.JobView]) -> list[str]:
         info = details.get(job.job_id)
         user = info.user if info else user_name(job.uid)
         return [job.node, job.job_id, user, info.account if info else ""]
@@ -109,7 +111,7 @@ class JobCollector:
                 seen.add_metric([node, "devices"], stand_ins(node, self.gres_conf))
         return seen
 
-    def _holders(self, jobs: list[cgroups.JobUsage], details: dict[str, gpus.JobInfo],
+    def _holders(self, jobs: list[cgroups.JobUsage], details: dict[str, rows.JobView],
                  samples: list[gpus.GpuSample]) -> dict[int, tuple[str, str]]:
         """GPU minor -> (node, job id) of the job holding it."""
         minors = [s.minor for s in samples]
@@ -141,9 +143,9 @@ def job_metrics(jobs: list[cgroups.JobUsage],
     yield from (cpu, mem, peak)
 
 
-def held_metrics(jobs: list[cgroups.JobUsage], details: dict[str, gpus.JobInfo],
+def held_metrics(jobs: list[cgroups.JobUsage], details: dict[str, rows.JobView],
                  labels: dict[tuple[str, str], list[str]]) -> Iterator[Metric]:
-    """What each job holds on its node, the measure of its use: CPUs (slurmctld's CPU_IDs)
+    """What each job holds on its node, the measure of its use: CPUs (as many as CPU_IDs)
     and GPUs (the NVIDIA devices its v1 cgroup may open, else its GRES indices). Counts of
     an allocation, so the lab's stand-ins count too; absent where neither source says."""
     cpus = GaugeMetricFamily("pyhpc_job_cpus", "CPUs the job holds on the node (Slurm's "

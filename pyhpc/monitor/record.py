@@ -3,7 +3,7 @@ summary, stored as JSON when the job ends, so ``pyhpc jobstats`` has it after
 Prometheus has dropped the samples.
 
 slurmctld runs it as its ``EpilogSlurmctld`` (as SlurmUser, with ``SLURM_JOB_ID`` set). It
-asks slurmctld for the job's owner and times (one ``scontrol show job``), Prometheus for
+asks slurmctld for the job's owner and times (one ``squeue``), Prometheus for
 the figures the job exporter sampled, and writes ``<store>/<raw job id>.json``: written
 atomically, never through a link, mode 0640 (the store's group, slurm), in a store that
 must be SlurmUser's and writable by nobody else (:func:`pyhpc.files.safe_dir`). A POSIX
@@ -126,18 +126,15 @@ def write(store: Path, rec: Record, uid: int | None) -> Path:
 
 
 def from_slurm(job_id: str, base: str) -> tuple[Record, int | None]:
-    """The job's record from slurmctld's view of it and Prometheus' samples."""
-    fields = slurm.show_job(validate.name("job", job_id, "job_id", RecordError))
-    start, end = epoch(fields.get("StartTime", "")), epoch(fields.get("EndTime", ""))
-    owner = fields.get("UserId", "")
-    uid = owner.partition("(")[2].rstrip(")")
-    if not fields.get("JobId") or start is None or end is None:
+    """The job's record from slurmctld's view of it (its owner and times in columns no
+    user sets, never its name or comment: :func:`pyhpc.slurm.slurm.job_owner`) and
+    Prometheus' samples."""
+    view = slurm.job_owner(validate.name("job", job_id, "job_id", RecordError))
+    if view is None or not view.start or not view.end:
         raise RecordError(f"job: slurmctld has no start and end time for {job_id}", "job")
-    raw = fields["JobId"]
-    return Record(raw, owner.partition("(")[0], start, end,
-                  prometheus.gpu_figures(base, raw, start, end),
-                  prometheus.host_memory_peak(base, raw, start, end)), \
-        int(uid) if uid.isdigit() else None
+    start, end, raw = float(view.start), float(view.end), view.job_id
+    return Record(raw, view.user, start, end, prometheus.gpu_figures(base, raw, start, end),
+                  prometheus.host_memory_peak(base, raw, start, end)), view.uid
 
 
 def main(argv: list[str] | None = None) -> int:

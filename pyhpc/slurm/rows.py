@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Slurm's standard time format (``SLURM_TIME_FORMAT=standard``), in local time.
@@ -44,6 +44,23 @@ class OpenRecord:
     @property
     def base(self) -> str:
         return self.job.split("_")[0]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Who a job is and what it holds, as slurmctld says, read only from fields no job text
+    can reach (:func:`job_views`, :func:`owner_rows`): its raw id, owner and account, per
+    node its GRES GPU indices (the order of gres.conf) and CPUs, and its times (epoch, 0 =
+    unknown)."""
+
+    job_id: str
+    user: str
+    account: str
+    gpu_index: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    cpus: dict[str, int] = field(default_factory=dict)
+    uid: int | None = None
+    start: int = 0
+    end: int = 0
 
 
 def epoch(text: str) -> int:
@@ -168,6 +185,121 @@ def open_rows(text: str) -> list[OpenRecord]:
         state = parts[4].split()[0]
         if state in OPEN_STATES and epoch(parts[5]) == 0:
             out.append(OpenRecord(parts[0], parts[1], parts[2], epoch(parts[3]), state))
+    return out
+
+
+# -- who a job is: never from the text its owner writes ------------------------------------
+#
+# A user sets a job's name, comment, work dir and output paths, and Slurm prints them
+# unescaped: ``scontrol show job -o`` puts ``JobName=`` before ``UserId=`` and ``Comment=``
+# after the per-node ``GRES=``, and a value may hold spaces, ``Key=`` and newlines, so no
+# regex over its lines tells a real field from a forged one. What is read instead: squeue's
+# JSON (``json.loads`` knows where a string ends), which both Slurm 22.05 (openapi/v0.0.38,
+# the lab's) and 24.11 (data_parser/v0.0.42, Debian 13's) print with the per-node GRES
+# indices; and, where one job's owner and times are enough, squeue's text in
+# fixed columns of which no user sets any (so no value can hold the ``|`` or the newline).
+# scontrol has no --json on 22.05.
+
+
+def job_views(data: dict[str, Any]) -> list[JobView]:
+    """``squeue --json``'s jobs, each with its GPU indices and CPUs per node."""
+    out: list[JobView] = []
+    for job in data.get("jobs", []):
+        job_id, uid = number(job.get("job_id")), number(job.get("user_id"))
+        if not job_id:
+            continue
+        allocated = _allocation(job.get("job_resources") or {})
+        details = [str(d) for d in job.get("gres_detail") or []]
+        out.append(JobView(
+            str(job_id), str(job.get("user_name") or ""), str(job.get("account") or ""),
+            {node: gpu_indices(details[i] if i < len(details) else "")
+             for i, (node, _) in enumerate(allocated)},
+            dict(allocated), uid, number(job.get("start_time")) or 0,
+            number(job.get("end_time")) or 0))
+    return out
+
+
+def _allocation(res: dict[str, Any]) -> list[tuple[str, int]]:
+    """(node, CPUs the job holds there) in the job's node order, the order of its
+    ``gres_detail``. 24.11 counts the CPUs; 22.05 lists the cores, each worth the job's
+    CPUs over its cores (threads per core; scontrol's CPU_IDs count the same)."""
+    nodes = res.get("nodes")
+    if isinstance(nodes, dict):  # data_parser (23.02 and later)
+        return [(str(n.get("name")), number((n.get("cpus") or {}).get("count")) or 0)
+                for n in nodes.get("allocation") or []]
+    per_node = [(str(n.get("nodename")), sum(len(s.get("cores") or {}) for s in
+                                             (n.get("sockets") or {}).values()))
+                for n in res.get("allocated_nodes") or []]
+    total = sum(c for _, c in per_node)
+    cpus = number(res.get("allocated_cores", res.get("allocated_cpus"))) or total
+    threads = cpus // total if total and cpus % total == 0 else 1
+    return [(node, c * threads) for node, c in per_node]
+
+
+def gpu_indices(detail: str) -> tuple[int, ...]:
+    """The GPU indices of one node's GRES detail (``gpu:a100:2(IDX:0-1),gpu:1(IDX:3)``)."""
+    return tuple(i for item in re.findall(r"gpu[^,(]*\(IDX:([0-9,-]+)\)", detail)
+                 for i in _indices(item))
+
+
+def _indices(spec: str) -> tuple[int, ...]:
+    """``0-1,3`` -> (0, 1, 3)."""
+    out: list[int] = []
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            out += range(int(low), int(high or low) + 1)
+    return tuple(out)
+
+
+def output_files(data: dict[str, Any], job_id: str) -> list[str]:
+    """Job ``job_id``'s (``42`` or a task's ``7_3``) output files in ``squeue --json``'s
+    ``data`` as scontrol shows them: StdOut, then StdErr (the same path where stderr goes
+    to stdout)."""
+    expanded = "data_parser" in ((data.get("meta") or {}).get("plugin") or {})
+    for job in data.get("jobs", []):
+        array, task = number(job.get("array_job_id")), number(job.get("array_task_id"))
+        if job_id not in (str(number(job.get("job_id"))), f"{array}_{task}"):
+            continue
+        out, err = str(job.get("standard_output") or ""), str(job.get("standard_error") or "")
+        if expanded:  # 23.02's data parsers and later print what scontrol prints
+            return [p for p in (out, err) if p]
+        return [p for p in (_stdio(job, out), _stdio(job, err or out)) if p]
+    return []
+
+
+def _stdio(job: dict[str, Any], pattern: str) -> str:
+    """22.05 prints the pattern sbatch got: expanded here as its scontrol does
+    (``_fname_format`` and ``slurm_get_job_stdout`` in src/api/job_info.c)."""
+    job_id, array = number(job.get("job_id")) or 0, number(job.get("array_job_id")) or 0
+    task, work_dir = number(job.get("array_task_id")), str(job.get("current_working_directory"))
+    if not pattern:
+        if not job.get("batch_flag"):
+            return ""
+        return f"{work_dir}/slurm-{array}_{task}.out" if array else f"{work_dir}/slurm-{job_id}.out"
+    path = (pattern.replace("%A", str(array if task is not None else job_id))
+            .replace("%a", str(task if task is not None else NO_TASK)).replace("%j", str(job_id))
+            .replace("%u", str(job.get("user_name") or "")).replace("%x", str(job.get("name"))))
+    return path if path.startswith("/") else f"{work_dir}/{path}"
+
+
+#: What 22.05's scontrol prints for ``%a`` of a job that is no array task (NO_VAL).
+NO_TASK = 0xFFFFFFFE
+
+
+#: squeue's columns for one job's owner and times: raw id, uid, user, account, start, end.
+#: None of them is text a user sets.
+OWNER_FORMAT = "%A|%U|%u|%a|%S|%e"
+
+
+def owner_rows(text: str) -> list[JobView]:
+    """Lines of :data:`OWNER_FORMAT` as views (no GPU or CPU detail)."""
+    out: list[JobView] = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) == 6 and parts[0].isdigit() and parts[1].isdigit():
+            out.append(JobView(parts[0], parts[2], parts[3], uid=int(parts[1]),
+                               start=epoch(parts[4]), end=epoch(parts[5])))
     return out
 
 

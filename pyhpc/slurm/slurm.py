@@ -20,8 +20,20 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pyhpc.errors import PyhpcError
+from pyhpc.slurm.rows import (
+    OWNER_FORMAT,
+    JobView,
+    OpenRecord,
+    job_views,
+    open_rows,
+    output_files,
+    owner_rows,
+    sacct_rows,
+    squeue_rows,
+    stamp,
+    text_rows,
+)
 from pyhpc.slurm.rows import JobRow as JobRow  # re-exported: the rows every caller reads
-from pyhpc.slurm.rows import OpenRecord, open_rows, sacct_rows, squeue_rows, stamp, text_rows
 from pyhpc.slurm.rows import epoch as epoch
 
 #: ``RUNNER(argv, stdin, timeout_s)``: how every command is run. Tests replace it.
@@ -61,10 +73,15 @@ TIME_READERS = ("squeue", "sacct", "scontrol", "sdiag", "sacctmgr")
 
 def run_command(argv: Sequence[str], stdin: str | None, timeout_s: float,
                 ) -> subprocess.CompletedProcess[str]:
-    """The real runner: capture text output; never raises for a non-zero exit."""
+    """The real runner: capture text output; never raises for a non-zero exit. Output is
+    UTF-8 with any other byte replaced: Slurm takes a job name of any bytes and prints it
+    as it is, in ``--json`` too, and one user's name must not fail every reader."""
     env = {**os.environ, "SLURM_TIME_FORMAT": "standard"} if argv[0] in TIME_READERS else None
-    return subprocess.run(list(argv), input=stdin, capture_output=True, text=True,
-                          timeout=timeout_s, check=False, env=env)
+    proc = subprocess.run(list(argv), input=None if stdin is None else stdin.encode(),
+                          capture_output=True, timeout=timeout_s, check=False, env=env)
+    return subprocess.CompletedProcess(proc.args, proc.returncode,
+                                       proc.stdout.decode(errors="replace"),
+                                       proc.stderr.decode(errors="replace"))
 
 
 RUNNER: Runner = run_command
@@ -139,13 +156,12 @@ def cancel(job_ids: Sequence[str]) -> None:
     run(["scancel", "--", *job_ids])
 
 
-def show_job(job_id: str) -> dict[str, str]:
-    """``scontrol show job -o``: the job's fields; {} when Slurm no longer knows it."""
-    proc = run(["scontrol", "show", "job", "-o", "--", job_id], check=False)
-    fields: dict[str, str] = {}
-    for match in re.finditer(r"(\w+)=(\S*)", proc.stdout if proc.returncode == 0 else ""):
-        fields.setdefault(match.group(1), match.group(2))
-    return fields
+def output_paths(job_id: str) -> list[str]:
+    """A job's StdOut and StdErr as scontrol shows them, [] when Slurm no longer knows it:
+    from ``squeue --json`` (ONE call; 22.05 prints every job the caller may see), never
+    from scontrol's text, where a comment ``StdOut=/elsewhere`` comes first."""
+    proc = run(["squeue", "--states=all", f"--jobs={job_id}", "--json"], check=False)
+    return output_files(_json(proc), job_id) if proc.returncode == 0 else []
 
 
 def my_job_ids() -> list[str]:
@@ -173,12 +189,9 @@ def _rows(json_argv: list[str], text_argv: list[str],
     if _json_ok.get(tool, True):
         proc = run([*json_argv, "--json"], check=False)
         if proc.returncode == 0:
-            try:
-                data = json.loads(proc.stdout)
-            except ValueError:
-                raise SlurmError(f"{tool}: --json printed no JSON", tool) from None
+            data = _json(proc)
             _json_ok[tool] = True
-            return from_json(data if isinstance(data, dict) else {})
+            return from_json(data)
         if "Invalid job id" in proc.stderr:
             return []  # every id has left the queue
         if _json_ok.get(tool) is not None or not any(s in proc.stderr.lower() for s in NO_JSON):
@@ -190,6 +203,15 @@ def _rows(json_argv: list[str], text_argv: list[str],
             return []
         raise SlurmError(f"{tool}: {why(proc)}", tool)
     return text_rows(proc.stdout)
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """A checked command's ``--json`` answer."""
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise SlurmError(f"{proc.args[0]}: --json printed no JSON", proc.args[0]) from None
+    return data if isinstance(data, dict) else {}
 
 
 def _wanted(rows: Iterable[JobRow], job_ids: Sequence[str]) -> list[JobRow]:
@@ -421,10 +443,24 @@ def all_jobs() -> str:
                timeout_s=MONITOR_TIMEOUT_S).stdout
 
 
-def job_details() -> str:
-    """``scontrol -d -o show job``: every job slurmctld knows, one line each, with the
-    per-node detail (``Nodes=gpu1 CPU_IDs=0-1 Mem=1024 GRES=gpu:1(IDX:0)``): ONE call."""
-    return run(["scontrol", "-d", "-o", "show", "job"], timeout_s=MONITOR_TIMEOUT_S).stdout
+def job_details() -> dict[str, JobView]:
+    """Every job slurmctld knows, by raw id, with its GPU indices and CPUs per node: ONE
+    ``squeue --json`` call (22.05 prints every job whatever the filters). Never from
+    ``scontrol show job``'s text, where a job's name or comment can forge another's fields
+    (see :mod:`pyhpc.slurm.rows`); a Slurm without ``--json`` is a failed call."""
+    proc = run(["squeue", "--all", "--json"], timeout_s=MONITOR_TIMEOUT_S)
+    return {view.job_id: view for view in job_views(_json(proc))}
+
+
+def job_owner(job_id: str) -> JobView | None:
+    """One job's raw id, owner, account and times while slurmctld knows it (a finished one
+    too, until MinJobAge): ONE squeue call, in columns no user sets (22.05's ``--json``
+    would print the whole queue, at each job's end); None when it is unknown."""
+    proc = run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}",
+                f"--format={OWNER_FORMAT}"], check=False)
+    found = [v for v in owner_rows(proc.stdout if proc.returncode == 0 else "")
+             if v.job_id == job_id]
+    return found[0] if found else None
 
 
 def scheduler_stats() -> str:

@@ -428,8 +428,7 @@ def oom_killed_tasks(log_dir: Path) -> list[str]:
 
 def job_logs(job_id: str) -> list[Path]:
     """A job's output files: what Slurm says (StdOut, StdErr), then submitit's logs."""
-    fields = slurm.show_job(job_id)
-    found = [Path(fields[k]) for k in ("StdOut", "StdErr") if fields.get(k)]
+    found = [Path(p) for p in slurm.output_paths(job_id)]
     found += submitit_logs(DEFAULT_FOLDER / job_id)
     logs = [p for p in dict.fromkeys(found) if p.is_file()]
     if not logs:

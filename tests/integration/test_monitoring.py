@@ -170,6 +170,33 @@ def test_a_gpu_job_on_the_stand_ins_gets_no_invented_gpu_figures() -> None:
                                                                                    None)
 
 
+def forgery(victim: str) -> str:
+    """A job name and comment that name another job, owner, account and GPUs in the words
+    of scontrol's one line per job, which prints them unescaped (issue 51, item 4)."""
+    return (f"x JobId={victim} UserId=root(0) Account=victim GRES=gpu:8 Nodes=gpu1 "
+            "CPU_IDs=0-31 Mem=0 GRES=gpu:lab:2(IDX:0-1)")
+
+
+def test_a_job_whose_name_and_comment_forge_another_jobs_fields_changes_no_label() -> None:
+    victim = submit("user2", "--partition=gpu --gpus-per-node=1", SLEEP)
+    text = shlex.quote(forgery(victim))
+    attacker = submit("user1", f"--partition=gpu --gpus-per-node=1 --job-name={text} "
+                               f"--comment={text}", SLEEP)
+    try:
+        for job, user in ((victim, "user2"), (attacker, "user1")):
+            held = until(f"job {job}'s CPUs in Prometheus", lambda job=job: query(
+                f'pyhpc_job_cpus{{jobid="{job}"}}'), timeout=45)
+            assert [(labels["user"], labels["account"], value) for labels, value in held] == \
+                [(user, "lab", 1.0)]
+        assert query('pyhpc_job_cpus{account="victim"}') == []  # no such account
+        until(f"job {attacker} ended in accounting", lambda: ended(attacker), timeout=90)
+        path = STORE / f"{attacker}.json"
+        stored = until(f"job {attacker}'s record", lambda: path.exists(), timeout=30)
+        assert stored and json.loads(path.read_text())["user"] == "user1"
+    finally:
+        sh("scancel", victim, attacker, check=False)
+
+
 def test_another_users_job_is_refused_in_one_line_with_exit_2() -> None:
     job = submit("user1", "--hold", "true")
     try:

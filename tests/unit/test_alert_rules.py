@@ -53,7 +53,7 @@ def exported(tmp_path: Path, fake_slurm) -> set[str]:
     fake_slurm.answers.update({"squeue": (0, queue_text(2)), "scontrol": (0, NODES),
                                "sdiag": (0, SDIAG), "sacct": (0, "100\n")})
     text = generate_latest(serve.registry(slurm_exporter.SlurmCollector())).decode()
-    fake_slurm.answers["scontrol"] = (0, DETAILS)
+    fake_slurm.answers["squeue"] = (0, DETAILS)
     nvml = gpus.Nvml(FakeNvml([(1, 50, 1, 2)]))
     text += generate_latest(serve.registry(job_exporter.JobCollector(
         ["gpu1"], v1_tree(tmp_path), tmp_path / "gres.conf", nvml))).decode()

@@ -172,6 +172,7 @@ def test_cancel_calls_scancel(slurm) -> None:
     assert slurm.calls == [["scancel", "--", "7", "8"]]
 
 def test_logs_of_an_unknown_job_is_an_error(slurm, capsys) -> None:
+    slurm.fake.answers["squeue"] = (0, '{"jobs": []}')  # squeue --json knows no such job
     assert cli.main(["logs", "99999"]) == 2
     assert "job_id: no log files found for job '99999'" in capsys.readouterr().err
 

@@ -1,8 +1,9 @@
 """The per-job exporter on faked cgroup trees (v1, the lab's per-node v1, v2), a faked NVML,
 and Slurm faked through pyhpc.slurm's RUNNER: figures from the tree, labels from one
-scontrol call, GPU series only where a driver answers (never invented for stand-ins)."""
+squeue call, GPU series only where a driver answers (never invented for stand-ins)."""
 from __future__ import annotations
 
+import json
 import os
 import types
 from pathlib import Path
@@ -11,15 +12,26 @@ import pytest
 from prometheus_client import generate_latest
 
 from pyhpc.monitor import cgroups, gpus, job_exporter, serve
+from pyhpc.slurm import rows, slurm
 
-DETAILS = (
-    "JobId=41 JobName=a UserId=alice(1000) GroupId=alice(1000) Account=lab QOS=normal "
-    "JobState=RUNNING NodeList=gpu1 NumNodes=1 JOB_GRES=gpu:2   Nodes=gpu1 CPU_IDs=0-1 "
-    "Mem=1024 GRES=gpu:lab:2(IDX:1-2) MinCPUsNode=1\n"
-    "JobId=42 JobName=b UserId=bob(1001) GroupId=bob(1001) Account=ws QOS=normal "
-    "JobState=RUNNING NodeList=cpu[1-2] NumNodes=2   Nodes=cpu[1-2] CPU_IDs=0 Mem=1024 GRES= "
-    "MinCPUsNode=1\n")
 
+def _job(job_id: int, user: str, uid: int, account: str, nodes: list[str], cores: int,
+         gres: list[str]) -> dict:
+    """One job of squeue --json as Slurm 22.05 prints it (openapi/v0.0.38: the lab's)."""
+    return {"job_id": job_id, "user_name": user, "user_id": uid, "account": account,
+            "name": "a", "comment": "", "job_state": "RUNNING", "gres_detail": gres,
+            "job_resources": {"nodes": ",".join(nodes), "allocated_cores": cores * len(nodes),
+                              "allocated_hosts": len(nodes), "allocated_nodes": [
+                                  {"nodename": n, "sockets": {"0": {"cores": {
+                                      str(i): "allocated" for i in range(cores)}}}}
+                                  for n in nodes]}}
+
+
+#: squeue --json (the exporter's one call): alice's 41 holds GPUs 1-2 and 2 CPUs of gpu1,
+#: bob's 42 a CPU on each of cpu1 and cpu2.
+DETAILS = json.dumps({"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "jobs": [
+    _job(41, "alice", 1000, "lab", ["gpu1"], 2, ["gpu:lab:2(IDX:1-2)"]),
+    _job(42, "bob", 1001, "ws", ["cpu1", "cpu2"], 1, ["", ""])]})
 
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,11 +107,12 @@ def test_devices_list_gives_the_gpus_a_job_may_open_or_none_if_unrestricted(text
     assert cgroups.allowed_gpu_minors(text) == (None if minors is None else frozenset(minors))
 
 
-def test_scontrol_details_give_user_account_and_gpu_indices_per_node() -> None:
-    details = gpus.job_details(DETAILS)
-    assert details["41"] == gpus.JobInfo("41", "alice", "lab", {"gpu1": (1, 2)}, {"gpu1": 2})
-    assert details["42"].gpu_index == {"cpu1": (), "cpu2": ()} and details["42"].account == "ws"
-    assert details["42"].cpus == {"cpu1": 1, "cpu2": 1}
+def test_squeue_details_give_user_account_and_gpu_indices_per_node(details) -> None:
+    found = slurm.job_details()
+    assert found["41"] == rows.JobView("41", "alice", "lab", {"gpu1": (1, 2)}, {"gpu1": 2},
+                                         uid=1000)
+    assert found["42"].gpu_index == {"cpu1": (), "cpu2": ()} and found["42"].account == "ws"
+    assert found["42"].cpus == {"cpu1": 1, "cpu2": 1}
     assert gpus.minors_by_index((1, 2), [7, 4, 5, 6]) == {5, 6}
 
 
@@ -158,23 +171,23 @@ def scrape(collector: job_exporter.JobCollector) -> str:
 
 @pytest.fixture
 def details(fake_slurm):
-    fake_slurm.answers["scontrol"] = (0, DETAILS)
+    fake_slurm.answers["squeue"] = (0, DETAILS)
     return fake_slurm
 
 
-def test_jobs_are_labelled_from_one_scontrol_call(tmp_path, details) -> None:
+def test_jobs_are_labelled_from_one_squeue_call(tmp_path, details) -> None:
     collector = job_exporter.JobCollector(["gpu1"], v1_tree(tmp_path), tmp_path / "gres.conf",
                                           gpus.Nvml(FakeNvml([], init_error=True)))
     text = scrape(collector)
     assert 'pyhpc_job_cpu_seconds_total{account="lab",jobid="41",node="gpu1",user="alice"} 2.5' in text
     assert 'pyhpc_job_memory_peak_bytes{account="ws",jobid="42",node="gpu1",user="bob"} 200.0' in text
     assert 'pyhpc_job_cpu_seconds_total{account="ws"' not in text  # no cpuacct: absent
-    assert [c[0] for c in details.calls] == ["scontrol"]
-    assert 'pyhpc_exporter_scrape_slurm_commands{command="scontrol"} 1.0' in text
+    assert details.calls == [["squeue", "--all", "--json"]]
+    assert 'pyhpc_exporter_scrape_slurm_commands{command="squeue"} 1.0' in text
 
 
 def test_what_each_job_holds_is_exported_beside_what_it_uses(tmp_path, details) -> None:
-    """CPUs from scontrol's CPU_IDs; GPUs from the device cgroup (41 may open 195:2-3),
+    """CPUs from Slurm's allocation; GPUs from the device cgroup (41 may open 195:2-3),
     else from the GRES indices (a v2 host); nothing invented where neither says."""
     v1 = scrape(job_exporter.JobCollector(["gpu1"], v1_tree(tmp_path / "v1"), tmp_path / "g",
                                           gpus.Nvml(FakeNvml([], init_error=True))))
