@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -39,8 +40,11 @@ from pyhpc.containers.spec import ContainerError, Variant
 PODMAN = ["podman", "--storage-driver", "vfs", "--runtime", "runc",
           "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
 ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
-#: Bump when image.json gains fields, so cached records are rebuilt with them.
-RECORD_VERSION = 2
+#: Bump when image.json gains fields or the export changes, so cached images are built
+#: and exported again (3: :func:`harden`, which trees exported before it lack).
+RECORD_VERSION = 3
+#: Mode bits no entry of an exported rootfs keeps (see :func:`harden`).
+STRIPPED = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH
 CACHE = Path(os.environ.get("PYHPC_CONTAINER_CACHE", "/var/cache/pyhpc/containers"))
 
 
@@ -154,21 +158,52 @@ def export(var: Variant, ref: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     new = dest / "rootfs.new"
     shutil.rmtree(new, ignore_errors=True)
-    new.mkdir()
+    # Only root enters it until harden() is done (tar keeps this mode: --no-overwrite-dir).
+    new.mkdir(mode=0o700)
     cid = podman("create", "--network", "none", ref, "true", capture=True)
     try:
         with subprocess.Popen([*PODMAN, "export", cid], stdout=subprocess.PIPE) as exp:
-            run(["tar", "-x", "--numeric-owner", "-C", str(new)], stdin=exp.stdout)
+            run(["tar", "-x", "--numeric-owner", "--no-overwrite-dir", "-C", str(new)],
+                stdin=exp.stdout)
     finally:
         podman("rm", cid, capture=True)
     # podman's runtime marker is bind-mounted on this file; a researcher's (rootless)
     # podman cannot create it in the shared rootfs. The image's mount_points are in it.
     (new / "run").mkdir(mode=0o755, exist_ok=True)
     (new / "run" / ".containerenv").touch(mode=0o644)
+    harden(new)
     # One KEY=VALUE a line, unquoted (podman's format): containers.env_file refuses any
     # key or value that could split a line.
     (dest / "env.new").write_text(containers.env_file(var))
     return new
+
+
+def harden(rootfs: Path) -> None:
+    """Make an exploded rootfs safe to keep on a host users log in to, then open it (0755).
+
+    The tree sits on the host, not mounted nosuid or nodev, at a path every user can
+    reach: the image's setuid-root su, mount and passwd would be setuid root there, its
+    1777 tmp and var/tmp directories anyone could fill or plant in, a device node a way to
+    the host's hardware, a file of an image uid or group (_apt, staff) writable by the
+    host user who has that number. So every entry becomes the builder's (root's), with no
+    setuid, setgid, sticky, group- or world-write bit, and every device, FIFO and socket
+    goes. Jobs lose nothing: the runtime mounts the rootfs read-only with its own /dev,
+    /tmp, /var/tmp and /run/lock (container_run), and each task runs as its own user.
+    """
+    # No race: until the chmod at the end only root can enter the tree (export()).
+    owner = (os.geteuid(), os.getegid())
+    for _, dirs, names, fd in os.fwalk(rootfs):
+        for name in [*dirs, *names]:
+            info = os.lstat(name, dir_fd=fd)
+            kind = stat.S_IFMT(info.st_mode)
+            if kind not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
+                os.unlink(name, dir_fd=fd)
+                continue
+            if (info.st_uid, info.st_gid) != owner:  # clears setuid and setgid bits too
+                os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+            if kind != stat.S_IFLNK and info.st_mode & STRIPPED:
+                os.chmod(name, stat.S_IMODE(info.st_mode) & ~STRIPPED, dir_fd=fd)
+    os.chmod(rootfs, 0o755)
 
 
 def publish(dest: Path) -> None:

@@ -135,6 +135,29 @@ def test_two_node_job_runs_every_task_inside_the_image(built: dict, work: Path) 
 
 
 RESEARCHER = "user1"
+#: Another user of the login host, who would use the shared tree against the others.
+COLLEAGUE = "user2"
+
+
+def test_the_shared_rootfs_gives_a_host_user_no_setuid_file_no_device_and_no_place_to_write(
+        built: dict) -> None:
+    """The image has setuid-root su, mount and passwd, 1777 tmp and var/tmp and 0666 device
+    nodes (podman export lists them); the tree on the host keeps none of it (issue 51)."""
+    rootfs = IMAGE_DIR / "rootfs"
+    # A link's own mode is always 0777 and never used: its owner counts, not its bits.
+    found = subprocess.run(["find", str(rootfs), "-xdev", "(", "-perm", "/7022", "!", "-type",
+                            "l", "-o", "!", "-type", "f", "!", "-type", "d", "!", "-type", "l",
+                            "-o", "!", "-user", "root", "-o", "!", "-group", "root", ")",
+                            "-printf", r"%m %u:%g %y %P\n"],
+                           capture_output=True, text=True, check=True)
+    assert found.stdout == ""
+    for tool in ("usr/bin/su", "usr/bin/mount", "usr/bin/passwd"):
+        assert (rootfs / tool).stat().st_mode & 0o7777 == 0o755, tool
+    # The colleague cannot plant anything in the image's tmp directories.
+    for where in ("tmp", "var/tmp"):
+        proc = as_user(COLLEAGUE, f"touch {rootfs / where}/pyhpc-planted", check=False)
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc.stderr
+        assert not (rootfs / where / "pyhpc-planted").exists()
 
 
 def test_researchers_two_node_job_runs_rootless_inside_the_image_in_the_jobs_cgroup(
