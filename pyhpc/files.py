@@ -13,16 +13,20 @@ another user can create files. Every write goes through here:
 - a directory pyhpc writes into or reads back from passes :func:`safe_dir`, the one
   check (the directory is yours, nobody else can write it or replace it from above);
 - a file read back is opened without blocking and must be a regular file
-  (:func:`open_regular`), so a planted FIFO or device never hangs a reader.
+  (:func:`open_regular`), so a planted FIFO or device never hangs a reader;
+- a file of root's that one user, and no other, may read gets a POSIX ACL entry for that
+  user (:func:`let_read`).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import os
 import pwd
 import secrets
 import stat
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -30,6 +34,11 @@ from typing import BinaryIO
 from pyhpc.errors import PyhpcError
 
 GROUP_ENV = "PYHPC_GROUP_READABLE"
+#: Linux's POSIX ACL xattr (linux/posix_acl_xattr.h): version, then (tag, perm, id) entries.
+ACL_XATTR = "system.posix_acl_access"
+ACL_VERSION = 2
+USER_OBJ, USER, GROUP_OBJ, MASK, OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+NO_ID = 0xFFFFFFFF
 
 
 class FileError(PyhpcError):
@@ -289,3 +298,24 @@ def read_bytes(path: str | Path, limit: int, arg: str = "file") -> bytes:
     if len(data) > limit:
         raise FileError(f"{arg}: {path} is larger than {limit} bytes", arg)
     return data
+
+
+def acl_reader(mode: int, uid: int) -> bytes:
+    """An access ACL equal to ``mode`` plus read for user ``uid`` (mask r)."""
+    entries = [(USER_OBJ, (mode >> 6) & 7, NO_ID), (USER, 4, uid),
+               (GROUP_OBJ, (mode >> 3) & 7, NO_ID), (MASK, 4 | ((mode >> 3) & 7), NO_ID),
+               (OTHER, mode & 7, NO_ID)]
+    return struct.pack("<I", ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def let_read(path: str | Path, uid: int, arg: str = "store") -> bool:
+    """Give ``uid`` read access to ``path`` by ACL; False where the filesystem has none."""
+    try:
+        os.setxattr(path, ACL_XATTR, acl_reader(os.stat(path).st_mode & 0o777, uid),
+                    follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False
+        raise FileError(f"{arg}: cannot give uid {uid} read access to {path} "
+                        f"({exc.strerror})", arg) from None
+    return True

@@ -17,9 +17,13 @@ IMAGES = Path("/opt/pyhpc/images")
 #: Written by the login role on every deployed cluster.
 DEPLOYED_CLUSTER = Path("/etc/pyhpc/cluster.yml")
 LAB_CLUSTER = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"
-#: Jobs whose accounting records ``pyhpc doctor --fix-runaway`` closed (root's, 0644,
-#: JSON lines, only appended to): ``pyhpc status`` still calls them LOST.
-RUNAWAY_LEDGER = Path("/var/lib/pyhpc/runaway-jobs.jsonl")
+#: Jobs whose accounting records ``pyhpc doctor --fix-runaway`` closed, so that
+#: ``pyhpc status`` still calls them LOST: one ledger per job owner, ``UID.jsonl`` (JSON
+#: lines, only appended to; root's, 0600, and its owner's to read by an ACL entry), in a
+#: folder of root's that nobody else can list (0711).
+RUNAWAY_LEDGERS = Path("/var/lib/pyhpc/runaway-jobs")
+#: The one ledger of every user's rows (0644) from before: --fix-runaway moves them.
+RUNAWAY_LEDGER_SHARED = Path("/var/lib/pyhpc/runaway-jobs.jsonl")
 
 
 def cluster_file() -> Path:

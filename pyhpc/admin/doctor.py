@@ -214,6 +214,10 @@ class Doctor:
             ok, detail = runaway.check(runaway.find())
         except slurm.SlurmError as exc:
             ok, detail = False, str(exc)
+        if paths.RUNAWAY_LEDGER_SHARED.exists():
+            ok, detail = False, (f"{detail}; {paths.RUNAWAY_LEDGER_SHARED} holds every user's "
+                                 "closed runaway jobs (a ledger from before per-user ledgers): "
+                                 "pyhpc doctor --fix-runaway moves each row to its owner's")
         return Check(runaway.NAME, ok, detail)
 
 

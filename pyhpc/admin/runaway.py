@@ -5,14 +5,17 @@ are gone after the restart, while slurmdbd keeps their records PENDING or RUNNIN
 ever (what ``sacctmgr show runawayjobs`` lists). The doctor lists them, every user's
 (it runs as root): records ``sacct -a`` holds open, submitted within the last
 :data:`WINDOW_DAYS` days, that slurmctld does not know (one squeue call) and that were
-submitted before its boot time. ``--fix-runaway`` first appends each to the ledger
-(:data:`pyhpc.paths.RUNAWAY_LEDGER`: root's, 0644, JSON lines, never through a link),
-so ``pyhpc status`` still calls those jobs LOST once sacct says COMPLETED, then has
-``sacctmgr -i show runawayjobs`` close them (COMPLETED, end = start).
+submitted before its boot time. ``--fix-runaway`` first appends each to its owner's
+ledger (:data:`pyhpc.paths.RUNAWAY_LEDGERS`: root's, 0600, JSON lines, never through a
+link; an ACL entry lets that user, and no other, read it), so their ``pyhpc status``
+still calls those jobs LOST once sacct says COMPLETED, then has ``sacctmgr -i show
+runawayjobs`` close them (COMPLETED, end = start).
 """
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -104,6 +107,7 @@ def fix(now: float | None = None) -> tuple[Runaways, str]:
                            "show runawayjobs); run pyhpc doctor --fix-runaway as root")
     found = find(now)
     if not found.records:
+        write_ledger((), found.boot, now)  # moves a shared ledger from before, if any
         return found, ""
     if found.agent_queue != 0:
         raise RunawayError(f"--fix-runaway: {check(found)[1]}; nothing closed")
@@ -111,12 +115,63 @@ def fix(now: float | None = None) -> tuple[Runaways, str]:
     return found, slurm.fix_runaway()
 
 
+def owner(user: str) -> int | None:
+    """The uid of a job's owner as sacct names them (a name, or a uid it cannot resolve)."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return int(user) if user.isdigit() else None
+
+
+def append_ledger(uid: int | None, lines: str) -> None:
+    """Append to the ledger of ``uid``'s jobs (root's, 0600), which only ``uid`` may read
+    besides root (an ACL entry; without ACLs on the filesystem only root reads it)."""
+    path = lost.ledger_path(uid)
+    files.append_text(path, lines, "--fix-runaway", mode=0o600)
+    if uid is not None:
+        files.let_read(path, uid, "--fix-runaway")
+
+
 def write_ledger(records: Sequence[OpenRecord], boot: int, now: float | None = None) -> None:
-    """Append each record to the ledger, creating it (and its directory, 0755) as root's."""
-    ledger = paths.RUNAWAY_LEDGER
-    files.make_dir(ledger.parent, "--fix-runaway", mode=0o755)
-    files.append_text(ledger, "".join(lost.ledger_line(r, boot, now) for r in records),
-                      "--fix-runaway", mode=0o644)
+    """Append each record to its owner's ledger, creating the folder (0711: nobody lists
+    whose ledgers there are) as root's; a shared ledger from before is moved in first."""
+    files.make_dir(paths.RUNAWAY_LEDGERS, "--fix-runaway", mode=0o711)
+    split_shared()
+    append_by_owner([(r.user, lost.ledger_line(r, boot, now)) for r in records])
+
+
+def append_by_owner(rows: Sequence[tuple[str, str]]) -> None:
+    """Append each (user, line) to that user's ledger, one write per ledger."""
+    by_owner: dict[int | None, list[str]] = {}
+    for user, line in rows:
+        by_owner.setdefault(owner(user), []).append(line)
+    for uid, lines in by_owner.items():
+        append_ledger(uid, "".join(lines))
+
+
+def split_shared() -> None:
+    """Move the rows of the one ledger of every user's jobs (0644, from before) into each
+    owner's ledger, then remove it. Only a regular file of root's is read; any other
+    thing at that path is left where it is."""
+    shared = paths.RUNAWAY_LEDGER_SHARED
+    fh, _ = files.try_open_regular(shared)
+    if fh is None:
+        return
+    with fh:
+        if os.fstat(fh.fileno()).st_uid != os.geteuid():
+            return
+        os.fchmod(fh.fileno(), 0o600)  # private at once, whatever happens next
+        data = fh.read(lost.LEDGER_LIMIT)
+    rows = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            rows.append((str(entry.get("user", "")), line + "\n"))
+    append_by_owner(rows)
+    shared.unlink()
 
 
 def table(found: Runaways) -> str:

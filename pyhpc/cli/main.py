@@ -89,7 +89,8 @@ def doctor_fix_runaway(args: argparse.Namespace) -> int:
     elif not found.records:
         print("no runaway jobs: slurmctld knows every job accounting holds open")
     else:
-        print(f"closed {runaway.summary(found)}; recorded in {paths.RUNAWAY_LEDGER}\n"
+        print(f"closed {runaway.summary(found)}; recorded in their owners' ledgers in "
+              f"{paths.RUNAWAY_LEDGERS}\n"
               f"{runaway.table(found)}\n{runaway.AFTER_FIX}")
     return 0
 

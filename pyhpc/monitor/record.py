@@ -14,10 +14,8 @@ Prometheus while it keeps them. Without a Prometheus nothing is recorded.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
-import struct
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -32,11 +30,6 @@ from pyhpc.slurm import slurm
 STORE = Path("/var/lib/pyhpc/jobstats")
 SCHEMA = "pyhpc-jobstats/1"
 MAX_BYTES = 64 << 10
-#: Linux's POSIX ACL xattr (linux/posix_acl_xattr.h): version, then (tag, perm, id) entries.
-ACL_XATTR = "system.posix_acl_access"
-ACL_VERSION = 2
-USER_OBJ, USER, GROUP_OBJ, MASK, OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
-NO_ID = 0xFFFFFFFF
 
 
 class RecordError(PyhpcError):
@@ -87,27 +80,6 @@ def read(store: Path, job_id_raw: str) -> Record | None:
                           "record", "record") from None
 
 
-def acl_reader(mode: int, uid: int) -> bytes:
-    """An access ACL equal to ``mode`` plus read for user ``uid`` (mask r)."""
-    entries = [(USER_OBJ, (mode >> 6) & 7, NO_ID), (USER, 4, uid),
-               (GROUP_OBJ, (mode >> 3) & 7, NO_ID), (MASK, 4 | ((mode >> 3) & 7), NO_ID),
-               (OTHER, mode & 7, NO_ID)]
-    return struct.pack("<I", ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
-
-
-def let_read(path: Path, uid: int) -> bool:
-    """Give ``uid`` read access to ``path`` by ACL; False where the filesystem has none."""
-    try:
-        os.setxattr(path, ACL_XATTR, acl_reader(os.stat(path).st_mode & 0o777, uid),
-                    follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
-            return False
-        raise RecordError(f"store: cannot give uid {uid} read access to {path} "
-                          f"({exc.strerror})", "store") from None
-    return True
-
-
 def write(store: Path, rec: Record, uid: int | None) -> Path:
     """Store ``rec`` (0640, atomically, no link followed); its owner may read it."""
     where = files.safe_dir(store, "store")
@@ -121,7 +93,7 @@ def write(store: Path, rec: Record, uid: int | None) -> Path:
     finally:
         files.set_group_readable(was)
     if uid is not None:
-        let_read(path, uid)
+        files.let_read(path, uid, "store")
     return path
 
 

@@ -22,8 +22,9 @@ A job is LOST only when it cannot be a record that merely lags:
 (c) and (d) are asked, one call each, only when some job meets (a) and (b). Each user
 sees only their own jobs under PrivateData=jobs, and nothing here needs more: boot time
 and sdiag are every user's. A record an admin closed with ``pyhpc doctor --fix-runaway``
-reads COMPLETED afterwards; the doctor's ledger (:data:`pyhpc.paths.RUNAWAY_LEDGER`)
-names it by id and submit time, so it is still LOST here.
+reads COMPLETED afterwards; the doctor's ledger of its owner's jobs
+(:data:`pyhpc.paths.RUNAWAY_LEDGERS`, which only they and root can read) names it by id
+and submit time, so it is still LOST here.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyhpc import files, paths
@@ -133,10 +135,37 @@ def judge(candidates: Mapping[Key, JobRow]) -> dict[Key, Lost]:
     return {k: Lost(label(k), r.submit, boot, r.state) for k, r in before.items()}
 
 
-def ledger() -> dict[tuple[str, int], dict[str, Any]]:
-    """The doctor's ledger by (job id, submit time); empty when there is none, or when it
-    is not a regular file of root's (or this user's) that nobody else can write."""
-    fh, _ = files.try_open_regular(paths.RUNAWAY_LEDGER)
+def ledger_path(uid: int | None) -> Path:
+    """The ledger of the jobs of user ``uid`` (None: a user this host does not know)."""
+    return paths.RUNAWAY_LEDGERS / f"{'unknown' if uid is None else uid}.jsonl"
+
+
+def ledger_files(uid: int | None = None) -> list[Path]:
+    """The ledgers user ``uid`` (default: this user) reads: their own; root reads every
+    user's."""
+    uid = os.geteuid() if uid is None else uid
+    if uid != 0:
+        return [ledger_path(uid)]
+    try:
+        names = sorted(os.listdir(paths.RUNAWAY_LEDGERS))
+    except OSError:
+        return []
+    return [paths.RUNAWAY_LEDGERS / n for n in names if n.endswith(".jsonl")]
+
+
+def ledger(uid: int | None = None) -> dict[tuple[str, int], dict[str, Any]]:
+    """The doctor's ledger rows user ``uid`` (default: this user) reads, by (job id, submit
+    time); a ledger is read only if it is a regular file of root's (or this user's) that
+    nobody else can write (a missing one, or any other, counts as empty)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in ledger_files(uid):
+        out.update(ledger_rows(path))
+    return out
+
+
+def ledger_rows(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """The rows of one ledger (see :func:`ledger`)."""
+    fh, _ = files.try_open_regular(path)
     if fh is None:
         return {}
     with fh:

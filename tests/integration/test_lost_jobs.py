@@ -26,8 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_directory import sh
-from test_jobs import home, pyhpc, read_history, researcher, work  # noqa: F401
+from test_directory import as_user, sh
+from test_jobs import RESEARCHER, home, pyhpc, read_history, researcher, work  # noqa: F401
+
+from pyhpc import files, paths
+from pyhpc.slurm.rows import epoch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
@@ -208,3 +211,61 @@ def test_after_a_controller_crash_every_job_runs_or_is_lost_and_comes_back(work:
     assert [h["epoch"] for h in history] == [0, 1, 2], history
     log = "".join(p.read_text() for p in (work / "pyhpc-jobs" / result["job_id"]).glob("*_log.*"))
     assert "resuming from checkpoint after epoch 0" in log
+
+
+#: Issue 51: the doctor's ledger of closed runaway jobs, one per owner, and the one
+#: ledger of every user's rows (0644) that pyhpc wrote before.
+LEDGERS, SHARED_LEDGER = paths.RUNAWAY_LEDGERS, paths.RUNAWAY_LEDGER_SHARED
+COLLEAGUE = "user2"
+
+
+def done_job(user: str) -> tuple[str, int]:
+    """A job of ``user``'s, run to its end: its id and submit time."""
+    job = as_user(user, "cd && sbatch --parsable -p cpu -J ledger -o /dev/null --time=1 "
+                        "--wrap true").stdout.strip()
+    deadline = time.monotonic() + 120
+    while sh("sacct", "-n", "-X", "-P", "-o", "State", "-j", job).stdout.strip() != "COMPLETED":
+        assert time.monotonic() < deadline, f"job {job} did not complete"
+        time.sleep(1)
+    return job, epoch(sh("sacct", "-n", "-X", "-P", "-o", "Submit", "-j", job).stdout.strip())
+
+
+def test_each_user_reads_only_their_own_closed_runaway_jobs() -> None:
+    """Two users' jobs an admin closed, in the one world-readable ledger of before: the
+    colleague reads the researcher's row there; --fix-runaway moves each row into its
+    owner's ledger, which the other cannot read (nor list), and each owner's status
+    still calls their own job LOST."""
+    mine, colleagues = done_job(RESEARCHER), done_job(COLLEAGUE)
+    rows = [{"job": job, "user": user, "submit": submit, "boot": 1, "fixed_at": 2}
+            for user, (job, submit) in ((RESEARCHER, mine), (COLLEAGUE, colleagues))]
+    SHARED_LEDGER.parent.mkdir(parents=True, exist_ok=True)
+    SHARED_LEDGER.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    SHARED_LEDGER.chmod(0o644)
+    assert f'"job": "{mine[0]}"' in as_user(COLLEAGUE, f"cat {SHARED_LEDGER}").stdout  # the leak
+    doctor = sh(PYHPC, "doctor", check=False)
+    assert f"{SHARED_LEDGER} holds every user's closed runaway jobs" in doctor.stdout, doctor.stdout
+
+    sh(PYHPC, "doctor", "--fix-runaway")
+    assert not SHARED_LEDGER.exists()
+    for user, (job, _), other in ((RESEARCHER, mine, COLLEAGUE), (COLLEAGUE, colleagues, RESEARCHER)):
+        uid = pwd.getpwnam(user).pw_uid
+        ledger = LEDGERS / f"{uid}.jsonl"
+        info = ledger.stat()
+        assert info.st_uid == 0 and info.st_mode & 0o7777 == 0o640  # 0600 plus the ACL's mask
+        assert os.getxattr(ledger, files.ACL_XATTR) == files.acl_reader(0o600, uid)
+        own = [json.loads(line)["user"] for line in as_user(user, f"cat {ledger}").stdout.splitlines()]
+        assert own and set(own) == {user}, own
+        denied = as_user(other, f"cat {ledger}; ls {LEDGERS}", check=False)
+        assert denied.stdout == "" and denied.stderr.count("Permission denied") == 2, denied.stderr
+        status = as_user(user, f"cd && {PYHPC} status {job}", check=False)
+        assert status.returncode == 1 and status.stdout.split() == [job, "LOST"], status.stdout
+        assert "an admin closed its accounting record" in status.stderr
+        assert status.stderr.count("\n") == 1, status.stderr
+
+    # The colleague cannot close records or write a ledger: one line, exit 2, nothing changed.
+    before = {p.name: p.read_bytes() for p in LEDGERS.iterdir()}
+    refused = as_user(COLLEAGUE, f"cd && {PYHPC} doctor --fix-runaway", check=False)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+    assert refused.stderr.startswith("pyhpc: error: --fix-runaway: only root closes accounting")
+    assert refused.stderr.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in LEDGERS.iterdir()} == before

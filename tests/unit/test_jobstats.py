@@ -161,7 +161,7 @@ def test_a_store_others_can_write_is_refused(tmp_path) -> None:
 
 
 def test_the_owner_gets_read_access_by_an_acl_entry(tmp_path) -> None:
-    blob = record.acl_reader(0o640, 1234)
+    blob = files.acl_reader(0o640, 1234)
     assert blob[:4] == (2).to_bytes(4, "little") and len(blob) == 4 + 5 * 8
     assert (0x02, 4, 1234) in [tuple(int.from_bytes(blob[i:i + n], "little") for i, n in
                                      ((o, 2), (o + 2, 2), (o + 4, 4))) for o in range(4, 44, 8)]
@@ -169,12 +169,12 @@ def test_the_owner_gets_read_access_by_an_acl_entry(tmp_path) -> None:
     path.write_text("x")
     path.chmod(0o640)
     try:
-        assert record.let_read(path, 1234) in (True, False)
+        assert files.let_read(path, 1234) in (True, False)
     except PyhpcError as exc:  # a filesystem that refuses xattrs outright
         assert str(exc).startswith("store:")
     else:
         try:
-            assert os.getxattr(path, record.ACL_XATTR) == blob
+            assert os.getxattr(path, files.ACL_XATTR) == blob
         except OSError as exc:
             assert exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA)
 

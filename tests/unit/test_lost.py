@@ -255,11 +255,13 @@ def test_one_look_picks_the_run_pyhpc_submitted_among_records_of_a_reused_id(ctl
 
 # -- the doctor's ledger: a record closed by --fix-runaway reads COMPLETED, and is LOST ------
 
-def ledger(tmp_path: Path, monkeypatch, *entries: dict, mode: int = 0o644) -> Path:
-    path = tmp_path / "runaway-jobs.jsonl"
+def ledger(tmp_path: Path, monkeypatch, *entries: dict, mode: int = 0o600) -> Path:
+    """This user's ledger, holding ``entries``."""
+    monkeypatch.setattr(paths, "RUNAWAY_LEDGERS", tmp_path / "runaway-jobs")
+    paths.RUNAWAY_LEDGERS.mkdir(mode=0o711, exist_ok=True)
+    path = paths.RUNAWAY_LEDGERS / f"{os.geteuid()}.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in entries))
     path.chmod(mode)
-    monkeypatch.setattr(paths, "RUNAWAY_LEDGER", path)
     return path
 
 
@@ -306,6 +308,20 @@ def test_a_ledger_others_can_write_is_ignored(ctld, tmp_path, monkeypatch) -> No
     ledger(tmp_path, monkeypatch, {"job": "42", "submit": epoch(BEFORE)}, mode=0o666)
     ctld.answers["sacct"] = (0, f"42|COMPLETED|None|{BEFORE}\n")
     assert watch.inspect(["42"]) == ({"42": "COMPLETED"}, None)
+
+
+def test_each_user_reads_their_own_ledger_alone_and_root_every_users(tmp_path,
+                                                                     monkeypatch) -> None:
+    ledger(tmp_path, monkeypatch)
+    for uid, job in ((1001, "42"), (1002, "43")):
+        path = lost.ledger_path(uid)
+        path.write_text(json.dumps({"job": job, "submit": epoch(BEFORE)}) + "\n")
+        path.chmod(0o600)
+    assert lost.ledger_files(1001) == [paths.RUNAWAY_LEDGERS / "1001.jsonl"]
+    assert list(lost.ledger(1001)) == [("42", epoch(BEFORE))]
+    assert list(lost.ledger(1002)) == [("43", epoch(BEFORE))]
+    assert list(lost.ledger(1003)) == []
+    assert sorted(lost.ledger(0)) == [("42", epoch(BEFORE)), ("43", epoch(BEFORE))]
 
 
 def test_a_fifo_in_place_of_the_ledger_never_hangs_status(ctld, tmp_path, monkeypatch) -> None:
