@@ -209,7 +209,7 @@ def environment(cluster: Cluster, own: Path | None = None,
     env.globals["sbatch"] = lambda **opts: sbatch_lines(cluster, opts)
     env.globals["fail"] = _fail
     env.globals["default_time"] = jobspec.DEFAULT_TIME
-    env.globals["launcher"] = Quoted(launcher_source())
+    env.globals["launch_py"] = Quoted(launcher_source())
     env.globals["store_start_s"] = launch.STORE_START_S
     return env
 

@@ -73,8 +73,10 @@ def test_any_accepted_definition_renders_each_name_once_on_its_own_line(data) ->
 
 
 #: Stand-ins that run nothing: each call leaves a file N-TOOL holding its arguments.
+#: Records its call; as the job's store host (``--store``) it also prints a port.
 FAKE = ('#!/bin/sh\nn=$(ls "$PYHPC_FAKE_DIR" | wc -l)\n'
-        'printf "%s\\0" "$@" > "$PYHPC_FAKE_DIR/$n-$(basename "$0")"\n')
+        'printf "%s\\0" "$@" > "$PYHPC_FAKE_DIR/$n-$(basename "$0")"\n'
+        'for last; do :; done; [ "$last" = --store ] && echo 40000\nexit 0\n')
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +97,7 @@ def run_script(text: str, fake_bin: Path, tmp: Path) -> list[str]:
     calls.mkdir()
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "PYHPC_FAKE_DIR": str(calls), "HOME": str(tmp),
            "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "cpu1", "SLURM_NTASKS": "1",
+           "SLURMD_NODENAME": "cpu1",
            "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "7"}
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
                           cwd=tmp, timeout=20)
@@ -112,7 +115,8 @@ def test_any_set_value_runs_only_the_intended_command(value: str, fake_bin: Path
     cases = [("single", {"command": f"echo {value}"}, "command"),
              ("single", {"command": "echo x", "job_name": value}, "job_name"),
              ("single", {"command": "echo x", "array": value}, "array"),
-             ("ddp-srun", {"module": "m", "args": value}, "args"),
+             ("ddp-srun", {"module": "m", "args": value, "python": str(fake_bin / "python")},
+              "args"),
              ("ddp-srun", {"module": "m", "python": value}, "python"),
              ("array", {"command": "echo", "values": value}, "values")]
     for template, values, key in cases:
@@ -121,9 +125,13 @@ def test_any_set_value_runs_only_the_intended_command(value: str, fake_bin: Path
         except PyhpcError as exc:
             assert str(exc).startswith(f"{key}") and "\n" not in str(exc)
             continue
+        if key == "python":
+            # The batch script runs the named Python itself (the job's store): as one word.
+            assert f"exec {render.q(value)} -P -c " in text, text
+            continue
         calls = run_script(text, fake_bin, tmp_path)
-        # Exactly the intended programs ran (scontrol only to find the rendezvous host).
-        expected = ["scontrol", "srun"] if template == "ddp-srun" else ["echo"]
+        # Exactly the intended programs ran (the job's Python, to host its store, and srun).
+        expected = ["python", "srun"] if template == "ddp-srun" else ["echo"]
         assert calls == expected, (template, key, value, calls)
         assert sorted(p for p in os.listdir(tmp_path) if p not in ("job.sh", "calls")) == \
             [p for p in before if p not in ("job.sh", "calls")]
