@@ -96,8 +96,13 @@ BOUNDS: dict[str, tuple[int, int]] = {
 }
 #: Ports the hub keeps for itself on the login host (its API, the proxy's API) and
 #: Slurm's daemons (slurmctld, slurmd, slurmdbd): the hub's public port is none of them.
-HUB_OWN_PORTS = {8081: "the hub's API", 8001: "the proxy's API", 6817: "slurmctld",
-                 6818: "slurmd", 6819: "slurmdbd"}
+#: The hub's API and the proxy's are on privileged ports (below 1024), which only the hub
+#: (given CAP_NET_BIND_SERVICE alone) may bind: no other user can take them while the hub
+#: restarts and answer the servers' token checks, or learn the proxy's token.
+HUB_API_PORT = 881
+PROXY_API_PORT = 801
+HUB_OWN_PORTS = {HUB_API_PORT: "the hub's API", PROXY_API_PORT: "the proxy's API",
+                 6817: "slurmctld", 6818: "slurmd", 6819: "slurmdbd"}
 #: Nodes in one definition, all groups together.
 MAX_NODES = 4096
 MAX_PORT = 65535

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pyhpc import validate
-from pyhpc.cluster import Cluster, JupyterHub
+from pyhpc.cluster import HUB_API_PORT, Cluster, JupyterHub
 from pyhpc.errors import PyhpcError
 
 #: The hub's own state on the login host (its database, cookie secret and tokens, 0600).
@@ -23,8 +23,8 @@ STATE_DIR = Path("/var/lib/pyhpc-hub")
 WORKSHOP_TOKEN = STATE_DIR / "workshop-token"
 #: The CA the deploy generates when the definition names no certificate of the admin's.
 CA_FILE = Path("/etc/pyhpc/hub/ca.crt")
-#: The hub's REST API on the login host itself (the role binds it there, port 8081).
-LOCAL_API = "http://127.0.0.1:8081/hub/api"
+#: The hub's REST API on the login host itself (the role binds it there, a privileged port).
+LOCAL_API = f"http://127.0.0.1:{HUB_API_PORT}/hub/api"
 TIMEOUT_S = 10.0
 #: A user whose server is still stopping cannot be deleted yet: tries, seconds apart.
 TRIES, PAUSE_S = 10, 2.0

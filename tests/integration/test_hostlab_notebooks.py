@@ -29,6 +29,8 @@ from test_hostlab import COMPUTE, SKIP, address, on, run_on
 from test_hostlab_life import converge
 from test_hub import login, run_notebook_1, spawn, wait_for
 
+from pyhpc import cluster
+
 pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
@@ -85,13 +87,14 @@ def server_jobs(user: str) -> list[str]:
 def test_the_hub_listens_on_login_and_its_api_on_the_cluster_network(hub: dict[str, Any]) -> None:
     assert urlsplit(hub["url"]).port == 8000
     listening = {row.split()[3] for row in on("login", "ss", "-Hltn").splitlines()}
-    assert {"*:8000", "0.0.0.0:8081"} <= listening or {"[::]:8000", "0.0.0.0:8081"} <= listening, \
+    api, proxy = cluster.HUB_API_PORT, cluster.PROXY_API_PORT
+    assert {"*:8000", f"0.0.0.0:{api}"} <= listening or {"[::]:8000", f"0.0.0.0:{api}"} <= listening, \
         listening
     # The proxy's own API stays on the loopback, behind its token.
-    assert "127.0.0.1:8001" in listening and not {"0.0.0.0:8001", "*:8001"} & listening
+    assert f"127.0.0.1:{proxy}" in listening and not {f"0.0.0.0:{proxy}", f"*:{proxy}"} & listening
     # A compute host reaches the hub's API, where a server calls back.
     reach = run_on(COMPUTE[0], "python3", "-I", "-c",
-                   "import socket; socket.create_connection(('login', 8081), 5)")
+                   f"import socket; socket.create_connection(('login', {api}), 5)")
     assert reach.returncode == 0, reach.stderr
 
 

@@ -85,7 +85,7 @@ def test_an_empty_jupyterhub_section_is_a_hub_on_port_8000_culling_after_an_hour
 
 
 @pytest.mark.parametrize("hub, message", [
-    ({"port": 8081}, "jupyterhub.port: 8081 is taken by the hub's API"),
+    ({"port": 6819}, "jupyterhub.port: 6819 is taken by slurmdbd"),
     ({"port": 17002}, "jupyterhub.port: 17002 is taken by the lab's slurmd of cpu2"),
     ({"port": 80}, "jupyterhub.port: must be an integer from 1024 to 65535, got 80"),
     ({"idle_timeout_min": 0}, "jupyterhub.idle_timeout_min: must be an integer from 1 to 10080"),
@@ -201,7 +201,7 @@ def test_form_fields_come_one_value_each(formdata, message) -> None:
 # -- the server's batch script ------------------------------------------------------------
 
 ENV = {"JUPYTERHUB_API_TOKEN": "0123456789abcdef", "JPY_API_TOKEN": "0123456789abcdef",
-       "JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api", "JUPYTERHUB_USER": "ws-01",
+       "JUPYTERHUB_API_URL": "http://127.0.0.1:881/hub/api", "JUPYTERHUB_USER": "ws-01",
        "JUPYTERHUB_OAUTH_SCOPES": '["access:servers!server=ws-01/"]',
        "JUPYTERHUB_SERVICE_PREFIX": "/user/ws-01/",
        "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:0/user/ws-01/",

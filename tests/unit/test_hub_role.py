@@ -111,8 +111,14 @@ def test_the_role_and_pyhpc_agree_on_paths_and_ports() -> None:
     assert 'WORKSHOP_TOKEN = STATE_DIR / "workshop-token"' in Path(api.__file__).read_text()
     assert "workshop-token" in [s["name"] for s in ctx["jupyterhub_secrets"]]
     config = render("lab", "jupyterhub_config.py")
-    assert '"http://127.0.0.1:8081"' in config and api.LOCAL_API.startswith("http://127.0.0.1:8081/")
-    assert set(cluster.HUB_OWN_PORTS) >= {8081, 8001} and '"http://127.0.0.1:8001"' in config
+    hub, proxy = cluster.HUB_API_PORT, cluster.PROXY_API_PORT
+    assert (ctx["jupyterhub_api_port"], ctx["jupyterhub_proxy_api_port"]) == (hub, proxy)
+    assert f'"http://127.0.0.1:{hub}"' in config and api.LOCAL_API.startswith(f"http://127.0.0.1:{hub}/")
+    assert set(cluster.HUB_OWN_PORTS) >= {hub, proxy} and f'"http://127.0.0.1:{proxy}"' in config
+    # Privileged: no user but the hub (CAP_NET_BIND_SERVICE) can bind them while it restarts.
+    assert hub < 1024 and proxy < 1024
+    script = render("lab", "init")
+    assert "--ambient-caps=-all,+net_bind_service" in script and "--chuid pyhpc-hub" not in script
 
 
 def test_the_deploys_check_tells_a_stale_hub_from_a_missing_install(tmp_path: Path) -> None:
@@ -244,6 +250,15 @@ def test_the_sudo_rule_runs_as_no_local_user_and_keeps_no_environment() -> None:
     assert "Runas_Alias PYHPC_HUB_USERS = ALL, !root\n" in text
     assert "env_reset" in text and "SETENV" not in text and "env_keep" not in text
     assert "pyhpc-hub ALL = (PYHPC_HUB_USERS) NOPASSWD: PYHPC_HUB_SLURM" in text
+
+
+def test_no_account_of_the_hosts_own_files_is_a_sudo_target() -> None:
+    """SlurmUser (slurm) may cancel anyone's job: the hub may never act as it, nor as any
+    other account of the host's passwd file (read by the role's getent task)."""
+    facts = {"fqdn": "login.example.org",
+             "getent_passwd": {"root": [], "slurm": [], "munge": [], "pyhpc-hub": []}}
+    text = render("example", "sudoers", ansible_facts=facts)
+    assert "Runas_Alias PYHPC_HUB_USERS = ALL, !munge, !pyhpc-hub, !root, !slurm\n" in text
 
 
 def sudo_tool(name: str) -> str:

@@ -76,7 +76,7 @@ def test_a_hub_that_does_not_answer_does_not_stop_a_delete(state, hub_lab, tmp_p
     fake_hub.up = False
     done = workshop.delete("dl", hub_lab)
     assert done["users_deleted"] == ["dl-01"] and done["changed"]
-    assert done["hub_unreachable"].startswith("jupyterhub: http://127.0.0.1:8081/hub/api does "
+    assert done["hub_unreachable"].startswith("jupyterhub: http://127.0.0.1:881/hub/api does "
                                               "not answer")
 
 

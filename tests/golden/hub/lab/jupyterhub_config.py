@@ -23,17 +23,18 @@ running.record(STATE)
 
 # Browsers: HTTPS at https://localhost:8000/. The proxy
 # (Debian's configurable-http-proxy, started by the hub) terminates TLS; its own API
-# listens on the loopback only, behind a token.
+# listens on the loopback only, on a privileged port, behind a token.
 c.JupyterHub.bind_url = "https://127.0.0.1:8000/"
 c.JupyterHub.ssl_cert = "/etc/pyhpc/hub/tls/hub.crt"
 c.JupyterHub.ssl_key = "/etc/pyhpc/hub/tls/hub.key"
 c.ConfigurableHTTPProxy.command = ["configurable-http-proxy"]
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:8001"
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:801"
 c.ConfigurableHTTPProxy.auth_token = secret("proxy-token")
 
-# The hub's API, where each notebook server (a job on a compute node) calls back.
-c.JupyterHub.hub_bind_url = "http://127.0.0.1:8081"
-c.JupyterHub.hub_connect_url = "http://127.0.0.1:8081"
+# The hub's API, where each notebook server (a job on a compute node) calls back: a
+# privileged port, so no other user can answer the servers' token checks in its stead.
+c.JupyterHub.hub_bind_url = "http://127.0.0.1:881"
+c.JupyterHub.hub_connect_url = "http://127.0.0.1:881"
 
 c.JupyterHub.cookie_secret_file = str(STATE / "cookie-secret")
 c.JupyterHub.db_url = "sqlite:///" + str(STATE / "jupyterhub.sqlite")
