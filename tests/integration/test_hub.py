@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import signal
 import subprocess
 import threading
@@ -175,13 +176,49 @@ def test_the_hub_runs_as_its_own_user_with_private_secrets_and_database() -> Non
 def test_the_sudo_rule_is_valid_and_allows_nothing_else() -> None:
     sh("visudo", "-cf", "/etc/sudoers.d/pyhpc-hub")
     listed = sh("sudo", "-l", "-U", "pyhpc-hub").stdout
-    assert "/usr/bin/sbatch ^--parsable$" in listed and "(ALL, !root)" in listed
+    assert "/usr/bin/sbatch ^--parsable$" in listed and "(ALL, " in listed
+    # Never root, nor an account of this host's own files: slurm (SlurmUser) may cancel any job.
+    assert all(f"!{name}" in listed for name in ("root", "slurm", "munge", "pyhpc-hub")), listed
+    refused = sh("runuser", "-u", "pyhpc-hub", "--", "sudo", "-n", "-u", "slurm", "/usr/bin/scancel",
+                 "1", check=False)
+    assert refused.returncode != 0
     refused = sh("runuser", "-u", "pyhpc-hub", "--", "sudo", "-n", "-u", "root", "/usr/bin/squeue",
                  "-h", "-j", "1", "-o", "%T %B", check=False)
     assert refused.returncode != 0
     refused = sh("runuser", "-u", "pyhpc-hub", "--", "sudo", "-n", "-u", "user1", "/usr/bin/scancel",
                  "-u", "user2", check=False)
     assert refused.returncode != 0
+
+
+#: Attempts to bind the hub's ports as user2, while the hub is stopped (a restart's gap).
+SQUAT = ("import socket, sys\nfor port in map(int, sys.argv[1:]):\n    s = socket.socket()\n"
+         "    try:\n        s.bind(('127.0.0.1', port)); print(port, 'bound')\n"
+         "    except OSError as exc:\n        print(port, exc.strerror)\n")
+
+
+def test_no_user_can_take_the_hubs_ports_while_it_restarts() -> None:
+    """Issue 51 item 1: the hub's API (where every server checks its tokens) and the proxy's
+    (which the hub sends its token) are privileged ports: user2 cannot bind them in the
+    gap of a restart; the hub, with CAP_NET_BIND_SERVICE alone, binds them again."""
+    ports = (cluster.HUB_API_PORT, cluster.PROXY_API_PORT)
+    sh("service", "pyhpc-hub", "stop")
+    try:
+        tried = as_user("user2", f"python3 -c {shlex.quote(SQUAT)} {ports[0]} {ports[1]}").stdout
+        assert tried.splitlines() == [f"{port} Permission denied" for port in ports], tried
+        # The hub's user cannot plant a link where root opens the hub's log.
+        planted = sh("runuser", "-u", "pyhpc-hub", "--", "ln", "-s", "/etc/shadow",
+                     "/var/log/pyhpc-hub/planted", check=False)
+        assert planted.returncode != 0 and "Permission denied" in planted.stderr
+    finally:
+        sh("service", "pyhpc-hub", "start")
+    wait_for("the hub's answer", lambda: api.health(LAB)[0], 60)
+    pid = Path("/run/pyhpc-hub.pid").read_text().strip()
+    status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text()
+                  .splitlines() if ":\t" in line)
+    net_bind_service = f"{1 << 10:016x}"
+    assert (status["CapEff"], status["CapAmb"]) == (net_bind_service, net_bind_service), status
+    listening = sh("ss", "-Hltnp").stdout
+    assert all(f"127.0.0.1:{port} " in listening for port in ports), listening
 
 
 def test_a_wrong_password_is_refused(participants: list[dict[str, str]]) -> None:
