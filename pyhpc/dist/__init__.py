@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pyhpc.dist import device, launch
 from pyhpc.dist.launch import export_env, import_path
 
-__all__ = ["DistInfo", "export_env", "import_path", "main", "setup", "teardown"]
+__all__ = ["DistInfo", "all_up", "export_env", "import_path", "main", "setup", "teardown"]
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,13 @@ class DistInfo:
     place: device.Placement = device.CPU
 
 
-def setup(place: device.Placement | None = None) -> DistInfo:
+def setup(place: device.Placement | None = None, timeout_s: float = 600.0) -> DistInfo:
     """Initialise the default process group for this task and describe it.
 
     ``place`` is the task's device (default: :func:`pyhpc.dist.device.resolve` of ``auto``).
     The backend follows it — NCCL only on a GPU, gloo on the CPU — and a GPU becomes the
-    process's current device before the group is created.
+    process's current device before the group is created. No task returns before every
+    task's group is up (:func:`all_up`).
     """
     import torch.distributed as td
 
@@ -44,11 +45,33 @@ def setup(place: device.Placement | None = None) -> DistInfo:
     place.activate()
     if not td.is_initialized():
         td.init_process_group(backend=place.backend)
+        all_up(timeout_s)
     return DistInfo(
         rank=td.get_rank(), world_size=td.get_world_size(),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")), backend=str(td.get_backend()),
         master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]),
         place=place)
+
+
+def all_up(timeout_s: float) -> None:
+    """Wait, through the job's store, until every rank's group exists.
+
+    ``init_process_group`` has no barrier of its own: a rank whose side of every gloo pair
+    is connected returns while another is still connecting its mesh, and a rank that then
+    ends at once (a short function, a failed check) closes the pairs under it, which fails
+    that rank's set-up with "Connection closed by peer".
+    """
+    import datetime
+
+    import torch.distributed as td
+    from torch.distributed import distributed_c10d
+
+    rank, world = td.get_rank(), td.get_world_size()
+    if world == 1:
+        return
+    store = distributed_c10d._get_default_store()
+    store.set(f"pyhpc/up/{rank}", "up")
+    store.wait([f"pyhpc/up/{r}" for r in range(world)], datetime.timedelta(seconds=timeout_s))
 
 
 def teardown(timeout_s: float = 60.0) -> None:

@@ -3,6 +3,7 @@ a port it holds before anyone learns it, and one line for what it refuses."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import socket
@@ -151,3 +152,48 @@ def test_every_distributed_template_carries_the_launcher_and_hosts_the_store(tem
     assert '-P -c "$PYHPC_LAUNCH" -m m' in text and "coproc PYHPC_STORE" in text, srun
     if template == "torchrun":
         assert "--rdzv-conf=is_host=0" in text
+
+
+RANK_PROBE = """
+import json, sys, time
+import torch.distributed as td
+from pyhpc import dist
+
+real = td.init_process_group
+
+
+def late(*args, **kwargs):
+    real(*args, **kwargs)
+    if td.get_rank() == 0:  # the last rank to finish its mesh, by far
+        time.sleep(2)
+    print(json.dumps(["group", time.monotonic()]), flush=True)
+
+
+td.init_process_group = late
+dist.setup(dist.device.CPU)
+print(json.dumps(["setup", time.monotonic()]), flush=True)
+dist.teardown()
+"""
+
+
+def test_no_rank_leaves_set_up_before_every_ranks_group_is_up() -> None:
+    """A rank that ended as soon as its own group was up closed the pairs of a rank still
+    connecting its mesh: "Gloo connectFullMesh failed ... Connection closed by peer"."""
+    pytest.importorskip("torch")
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(store.port), "TORCHELASTIC_RUN_ID": "probe",
+           "TORCHELASTIC_USE_AGENT_STORE": "1", "TORCHELASTIC_RESTART_COUNT": "0",
+           "GLOO_SOCKET_IFNAME": "lo"}
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK_PROBE],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], [err for _, err in outs]
+    times = [dict(json.loads(line) for line in out.splitlines()) for out, _ in outs]
+    assert times[1]["setup"] >= times[0]["group"]
