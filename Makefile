@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-hostlab bench-monitoring bench-gpu containers clean \
+.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -127,6 +127,19 @@ bench: venv lab-up ## Run the benchmarks on the lab; each writes benchmarks/resu
 	$(PY) -m benchmarks.containers --from-scratch
 	$(PY) -m benchmarks.jobs
 	$(MAKE) --no-print-directory bench-deploy
+
+bench-page: venv ## Render docs/benchmarks.md (the current figures) from benchmarks/results/*.json.
+	$(PY) -m benchmarks.figures_page
+
+# The docs site: mkdocs.yml, pages in docs/; built into build/site (never into docs/).
+docs: venv ## Build the docs site with mkdocs --strict into build/site.
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# The browser tests save their screenshots in build/screenshots; the pictures in docs/
+# change only when an admin copies them there.
+docs-pictures: ## Copy the browser tests' screenshots (build/screenshots/*.png, from make test) into docs/.
+	@ls build/screenshots/*.png >/dev/null 2>&1 || { echo "no screenshots in build/screenshots: run the hub and monitoring tests first"; exit 1; }
+	cp -v build/screenshots/*.png docs/
 
 containers: venv ## Build the CPU framework image offline (podman) into /opt/pyhpc/images; a no-op when the spec is unchanged.
 	$(PY) -m pyhpc containers build --variant cpu
