@@ -1,6 +1,6 @@
 """A real headless browser for page tests: Debian's chromium, driven through its
 chromium-driver by selenium (no browser download). Pages are loaded as a person would
-load them; screenshots go where the test says (docs/ for the README's pictures).
+load them; screenshots go to build/screenshots (`make docs-pictures` copies them into docs/).
 """
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ from typing import Any
 
 import pytest
 
+from pyhpc import paths
+
 CHROMIUM = "/usr/bin/chromium"
 DRIVER = "/usr/bin/chromedriver"
+#: Where the tests' screenshots go: a build folder, never the checkout's docs/.
+SCREENSHOTS = paths.ROOT / "build" / "screenshots"
 
 
 @contextmanager

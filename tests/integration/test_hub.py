@@ -7,7 +7,8 @@ accuracy; squeue shows the server as their job in the reservation. A wrong passw
 directory user without an association are refused; a second participant gets 403 at the
 first's server; the idle culler stops an idle server (a redeploy with a one-minute
 timeout, then the lab's definition again); a deploy that changes pyhpc's code restarts
-the hub. Screenshots of the form and of the running notebook go to docs/ for the README.
+the hub. Screenshots of the form and of the running notebook go to build/screenshots
+(`make docs-pictures` makes them the docs' pictures).
 The same on hosts: test_hostlab_notebooks.py.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
-from browser import chromium, screenshot
+from browser import SCREENSHOTS, chromium, screenshot
 from test_directory import as_user, lab_directory, sh, workshop
 
 from benchmarks import deploy as deploy_bench
@@ -40,7 +41,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is
 
 LAB = cluster.load(paths.LAB_CLUSTER)
 WORKSHOP = "hubws"
-DOCS = paths.ROOT / "docs"
 MAKE_DEPLOY = ["make", "--no-print-directory", "-C", str(paths.ROOT), "deploy"]
 #: A server's job may wait for its node, then JupyterLab starts on two cores.
 SPAWN_S = 420
@@ -247,7 +247,7 @@ def test_a_participant_starts_a_server_in_the_reservation_and_runs_notebook_1(
     user, password = participants[0]["user"], participants[0]["password"]
     with chromium(width=1400, height=1000, insecure_tls=True) as driver:
         login(driver, user, password)
-        spawn(driver, user, DOCS / "hub-spawn-form.png")
+        spawn(driver, user, SCREENSHOTS / "hub-spawn-form.png")
         jobs = server_jobs(user)
         assert jobs == [f"pyhpc-hub|{WORKSHOP}|{WORKSHOP}|{WORKSHOP}|RUNNING"], jobs
         # Listening on the node's address only (the lab: the loopback), never on all.
@@ -255,7 +255,7 @@ def test_a_participant_starts_a_server_in_the_reservation_and_runs_notebook_1(
         mine = [line for line in sh("ss", "-H", "-ltne").stdout.splitlines() if f"uid:{uid} " in line]
         assert mine and all(line.split()[3].startswith("127.0.0.1:") for line in mine), mine
         run_notebook_1(driver, user)
-        screenshot(driver, DOCS / "hub-notebook.png")
+        screenshot(driver, SCREENSHOTS / "hub-notebook.png")
     # The notebook's own jobs went where the server went: the reservation.
     jobs = as_user(user, "sacct -X -n -P -o JobName,Reservation -S now-1hour").stdout.split()
     assert jobs and all(j.endswith(f"|{WORKSHOP}") for j in jobs), jobs

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium, screenshot
+from browser import SCREENSHOTS, chromium, screenshot
 from test_directory import as_user, sh
 
 from pyhpc import cluster, paths
@@ -276,7 +276,7 @@ def test_the_cluster_report_is_written_privately(report_page: Path) -> None:
 
 def test_the_cluster_report_shows_its_figures_in_a_browser(report_page: Path) -> None:
     """Debian's chromium loads the page as a person would; every figure's image is drawn.
-    Its screenshot is the README's picture (docs/monitoring-report.png)."""
+    Its screenshot goes to build/screenshots (`make docs-pictures`: docs/monitoring-report.png)."""
     with chromium(width=1200, height=2200) as driver:
         driver.get(report_page.as_uri())
         figures = driver.find_elements("css selector", "figure")
@@ -288,4 +288,4 @@ def test_the_cluster_report_shows_its_figures_in_a_browser(report_page: Path) ->
             assert width > 0, image.get_attribute("src")
             assert figure.find_element("css selector", "figcaption").text
         assert "GPU-hours held per account" in driver.page_source
-        screenshot(driver, paths.ROOT / "docs" / "monitoring-report.png")
+        screenshot(driver, SCREENSHOTS / "monitoring-report.png")
