@@ -191,7 +191,9 @@ TABLES = [
           "Deploy, `srun` launch, 1,000 submissions, status polls and DDP start-up on the "
           "lab grown to 68 nodes (`ddl256.yml`).",
           "`make bench-scale` (~30 min; redeploys the lab)",
-          [Row("re-run on 64 nodes / on 4", lambda f: num(1 + f["deploy"]["growth"]["rerun"], "×", 2),
+          [Row("re-run on 64 nodes / on 4",
+               lambda f: num(next(r for r in f["deploy"]["runs"] if r["nodes"] == 64)["rerun_ratio"],
+                             "×", 2),
                "≤ 2×", lambda f: f["deploy"]["met"], part="deploy"),
            Row("`srun hostname`, 1 node", srun(1)),
            Row("`srun hostname`, 64 nodes", srun(64)),
