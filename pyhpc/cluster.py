@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import validate, yamlio
+from pyhpc.cluster_backup import BACKUP_KEYS, Backup, parse_backup
 from pyhpc.cluster_monitoring import MONITORING_KEYS, Monitoring, parse_monitoring
 from pyhpc.cluster_users import (
     ACCOUNT_KEYS,
@@ -25,9 +26,9 @@ from pyhpc.cluster_users import (
 from pyhpc.errors import echo
 from pyhpc.schema import MAX_ITEMS, ConfigError, boolean, check_keys, choice, integer, listing, name, names
 
-__all__ = ["ACCOUNT_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MONITORING_KEYS", "Account",
-           "Cluster", "ConfigError", "Directory", "JupyterHub", "Limits", "Monitoring", "Node",
-           "Partition", "listing", "load", "parse"]
+__all__ = ["ACCOUNT_KEYS", "BACKUP_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MONITORING_KEYS",
+           "Account", "Backup", "Cluster", "ConfigError", "Directory", "JupyterHub", "Limits",
+           "Monitoring", "Node", "Partition", "listing", "load", "parse"]
 
 
 MODES = ("lab", "hosts")
@@ -54,6 +55,8 @@ TOP_KEYS = {
                   "alertmanager, scrape_interval, alert_for, job_records",
     "jupyterhub": "JupyterHub on the first login host (notebook servers as Slurm jobs): "
                   "enabled, port, idle_timeout_min, hostname, tls_cert, tls_key",
+    "backup": "backups of accounting, the directory, munge's key, the secrets and Slurm's "
+              "configuration: path, kind, interval, keep (docs/admin/backups.md)",
 }
 LAB_KEYS = {"slurmd_base_port": "first port of the emulated slurmd daemons"}
 NODE_KEYS = {
@@ -159,6 +162,7 @@ class Cluster:
     slurmd_timeout: int = 300
     monitoring: Monitoring = field(default_factory=Monitoring)
     jupyterhub: JupyterHub | None = None
+    backup: Backup | None = None
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -358,6 +362,7 @@ def parse(data: Any, ram_mb: int | None = None) -> Cluster:
                                     range(base_port, base_port + len(nodes)) if mode == "lab"
                                     else range(0)),
         jupyterhub=_jupyterhub(data.get("jupyterhub"), nodes, mode, accounting, directory),
+        backup=parse_backup(data.get("backup"), mode),
     )
 
 

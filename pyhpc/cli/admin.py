@@ -1,6 +1,7 @@
-"""The admin commands of the ``pyhpc`` CLI: ``directory sync`` and ``workshop create|delete|
-list``. Each parses its arguments and makes one call into :mod:`pyhpc.admin.directory` or
-:mod:`pyhpc.admin.workshop`; run as root on the login host.
+"""The admin commands of the ``pyhpc`` CLI: ``directory sync``, ``workshop create|delete|
+list`` and ``admin backup now|list|verify``. Each parses its arguments and makes one call
+into :mod:`pyhpc.admin.directory`, :mod:`pyhpc.admin.workshop` or :mod:`pyhpc.admin.backup`;
+run as root (workshops and the directory on the login host, backups where the state is).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import cluster, paths
-from pyhpc.admin import directory_sync, workshop
+from pyhpc.admin import backup, directory_sync, workshop
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -67,6 +68,35 @@ def cmd_workshop_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup_now(args: argparse.Namespace) -> int:
+    done = backup.now(_cluster())
+    _emit(done, args.json, f"backup {done['name']}: {done['size']} bytes "
+          f"({', '.join(sorted(done['parts']))}) in {done['seconds']} s"
+          + (f"; pruned {', '.join(done['pruned'])}" if done["pruned"] else ""))
+    return 0
+
+
+def cmd_backup_list(args: argparse.Namespace) -> int:
+    rows = backup.listing(_cluster())
+    _emit(rows, args.json, "\n".join(
+        f"{r['name']}\t{r['time']}\t{r['size']} bytes\t"
+        + ("checksums ok" if r["ok"] else f"BAD: {r['problem']}") for r in rows)
+        or "no backups")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def cmd_backup_verify(args: argparse.Namespace) -> int:
+    done = backup.verify(_cluster(), args.name)
+    _emit(done, args.json, f"backup {done['name']}: checksums ok"
+          + (f"; {done['jobs']} jobs restored into a scratch database (newest job "
+             f"{done['newest_job_id']})" if "jobs" in done else "")
+          + (f"; {done['directory_entries']} directory entries"
+             + (" (slapadd -u accepts them)" if "directory_check" in done else "")
+             if "directory_entries" in done else "")
+          + f"; {len(done['files'])} files")
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     """Register the admin commands on the CLI's subparsers."""
     p = sub.add_parser("directory", help="admin: the user directory (LDAP)")
@@ -111,3 +141,24 @@ def add_commands(sub: Any) -> None:
     s = wsub.add_parser("list", help="workshops, their windows and participants")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_workshop_list)
+
+    p = sub.add_parser("admin", help="admin: the cluster's backups")
+    asub = p.add_subparsers(dest="admin_command", required=True, metavar="SUBCOMMAND")
+    b = asub.add_parser("backup", help="backups of accounting, the directory, munge's key, "
+                        "the secrets and Slurm's configuration (the definition's backup "
+                        "section; docs/admin/backups.md)")
+    bsub = b.add_subparsers(dest="backup_command", required=True, metavar="SUBCOMMAND")
+    s = bsub.add_parser("now", help="take this host's backup, prune beyond backup.keep (the "
+                        "backup role's timer runs it)")
+    s.add_argument("--json", action="store_true", help="print what was done as JSON")
+    s.set_defaults(func=cmd_backup_now)
+    s = bsub.add_parser("list", help="every backup: time, size, whether its checksums hold "
+                        "(exit 1 if one does not)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_backup_list)
+    s = bsub.add_parser("verify", help="restore a backup's dump into a scratch database "
+                        "(dropped afterwards) and count its jobs; check its directory "
+                        "entries with slapadd -u")
+    s.add_argument("name", nargs="?", help="the backup (default: the newest good one)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_backup_verify)

@@ -19,8 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hub",),  # JupyterHub's side: the form, its checks, the server's script, the hub's API
     ("slurm",),
     ("dist", "cluster"),
-    ("cluster_users", "cluster_monitoring"),  # the definition's users, accounts and limits;
-    # its monitoring section
+    ("cluster_users", "cluster_monitoring", "cluster_backup"),  # the definition's users,
+    # accounts and limits; its monitoring and backup sections
     ("schema",),  # the definition's field checks
     ("plots",),  # what every report's plots share
     ("validate", "yamlio", "files", "paths"),
