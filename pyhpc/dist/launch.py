@@ -186,8 +186,9 @@ def host_store() -> None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise LaunchError(f"pyhpc: cannot host the job's rendezvous store on {addr}: "
                           f"{first}") from None
-    print(store.port, flush=True)
+    # Before the port is told: whoever reads it may stop the store at once.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(store.port, flush=True)
     while True:
         signal.pause()
 
