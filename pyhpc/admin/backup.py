@@ -45,11 +45,10 @@ METRICS = {
     "pyhpc_backup_last_success_timestamp_seconds": "when this host's newest good backup "
                                                    "was taken (Unix time)",
     "pyhpc_backup_last_size_bytes": "the size of that backup",
-    "pyhpc_backup_interval_seconds": "the definition's backup.interval",
 }
-#: Written by the backup role at deploy (never overwritten): until a first backup, the
-#: alert counts from here.
-DEPLOYED_METRIC = "pyhpc_backup_deployed_timestamp_seconds"
+#: The backup role writes the others the alert reads: pyhpc_backup_interval_seconds and,
+#: at the first deploy (never rewritten), pyhpc_backup_deployed_timestamp_seconds, which
+#: the alert counts from until a first backup.
 DUMP_END = b"-- Dump completed"
 CHUNK = 1 << 20
 
@@ -141,13 +140,19 @@ def _parts(cluster: Cluster) -> dict[str, Any]:
     return parts
 
 
-def now(cluster: Cluster) -> dict[str, Any]:
-    """Take this host's backup, prune, record the metric; returns what was done."""
+def now(cluster: Cluster, if_due: bool = False) -> dict[str, Any]:
+    """Take this host's backup, prune, record the metric; returns what was done. With
+    ``if_due`` (the schedulers' every tick) only where the newest good one is due."""
     section = _section(cluster)
     root = _root_dir(section.path)
     host = _host()
     with _locked():
         started = time.time()
+        newest = store.newest_good(root, host)
+        if if_due and not store.due(newest, section.interval_s, started):
+            assert newest is not None
+            return {"name": newest.name, "skipped": "not due: the newest good backup is "
+                    f"younger than backup.interval ({section.interval})"}
         name = store.backup_name(host, datetime.fromtimestamp(started, UTC))
         partial = root / f"{store.PARTIAL}{name}.{secrets.token_hex(4)}"
         partial.mkdir(mode=0o700)
@@ -165,7 +170,7 @@ def now(cluster: Cluster) -> dict[str, Any]:
         removed = store.prune(root, host, section.keep)
     entry = store.newest_good(root, host)
     if entry is not None:
-        write_metrics(entry, section.interval_s)
+        write_metrics(entry)
     return {"name": name, "path": str(root / name), "parts": made,
             "size": sum(made.values()), "seconds": round(time.time() - started, 3),
             "pruned": removed}
@@ -193,18 +198,17 @@ def _write_parts(folder: Path, cluster: Cluster, name: str, started: float) -> d
     return sizes
 
 
-def metrics_text(entry: store.Entry, interval_s: int) -> str:
+def metrics_text(entry: store.Entry) -> str:
     values = {"pyhpc_backup_last_success_timestamp_seconds": int(entry.time.timestamp()),
-              "pyhpc_backup_last_size_bytes": entry.size,
-              "pyhpc_backup_interval_seconds": interval_s}
+              "pyhpc_backup_last_size_bytes": entry.size}
     return "".join(f"# HELP {k} {METRICS[k]}\n# TYPE {k} gauge\n{k} {values[k]}\n"
                    for k in METRICS)
 
 
-def write_metrics(entry: store.Entry, interval_s: int, folder: Path = TEXTFILE_DIR) -> None:
+def write_metrics(entry: store.Entry, folder: Path = TEXTFILE_DIR) -> None:
     """Where node_exporter's textfile collector is, tell it the newest good backup."""
     if folder.is_dir() and not folder.is_symlink():
-        files.write_text(folder / METRICS_FILE, metrics_text(entry, interval_s), "backup",
+        files.write_text(folder / METRICS_FILE, metrics_text(entry), "backup",
                          mode=0o644)
 
 
@@ -261,9 +265,11 @@ def _feed(argv: list[str], packed: Path, tail_must: bytes | None = None) -> byte
     return tail
 
 
-def verify(cluster: Cluster, name: str | None = None) -> dict[str, Any]:
+def verify(cluster: Cluster, name: str | None = None,
+           jobs: tuple[int, ...] = ()) -> dict[str, Any]:
     """Check one backup (default: the newest good one) by restoring what it holds into
-    scratch places; raises :class:`BackupError` on the first thing that does not hold."""
+    scratch places; raises :class:`BackupError` on the first thing that does not hold.
+    ``jobs``: job ids to look for in the restored job table (``found_jobs``)."""
     root = _root_dir(_section(cluster).path)
     entry = _named(root, name)
     if not entry.ok:
@@ -276,8 +282,14 @@ def verify(cluster: Cluster, name: str | None = None) -> dict[str, Any]:
         _mysql(f"CREATE DATABASE `{scratch}`")
         try:
             _feed(["mysql", scratch], dump, DUMP_END)
-            count, newest = _mysql(f"SELECT COUNT(*), COALESCE(MAX(id_job), 0) FROM "
-                                   f"`{cluster.name}_job_table`", scratch).split()
+            table = f"`{cluster.name}_job_table`"
+            count, newest = _mysql(f"SELECT COUNT(*), COALESCE(MAX(id_job), 0) FROM {table}",
+                                   scratch).split()
+            if jobs:
+                wanted = ", ".join(str(int(j)) for j in jobs)
+                done["found_jobs"] = sorted({int(j) for j in _mysql(
+                    f"SELECT DISTINCT id_job FROM {table} WHERE id_job IN ({wanted})",
+                    scratch).split()})
         finally:
             _mysql(f"DROP DATABASE IF EXISTS `{scratch}`")
         done["jobs"] = int(count)

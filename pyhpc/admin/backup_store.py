@@ -183,6 +183,17 @@ def prune(root: Path, host: str, keep: int) -> list[str]:
     return removed
 
 
+#: A scheduler's tick runs a little late or early: a backup is due this much before
+#: ``backup.interval`` has passed (so a 15 min interval on a 15 min tick never skips one).
+SLACK_S = 300
+
+
+def due(newest: Entry | None, interval_s: int, now: float) -> bool:
+    """Whether a backup is due: none yet, or the newest good one older than the interval
+    (less :data:`SLACK_S`)."""
+    return newest is None or now - newest.time.timestamp() >= interval_s - SLACK_S
+
+
 def newest_good(root: Path, host: str | None = None) -> Entry | None:
     good = [e for e in entries(root, host) if e.ok]
     return good[-1] if good else None

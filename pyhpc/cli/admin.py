@@ -69,7 +69,10 @@ def cmd_workshop_list(args: argparse.Namespace) -> int:
 
 
 def cmd_backup_now(args: argparse.Namespace) -> int:
-    done = backup.now(_cluster())
+    done = backup.now(_cluster(), args.if_due)
+    if "skipped" in done:
+        _emit(done, args.json, f"backup: {done['skipped']} (newest: {done['name']})")
+        return 0
     _emit(done, args.json, f"backup {done['name']}: {done['size']} bytes "
           f"({', '.join(sorted(done['parts']))}) in {done['seconds']} s"
           + (f"; pruned {', '.join(done['pruned'])}" if done["pruned"] else ""))
@@ -85,15 +88,23 @@ def cmd_backup_list(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
+def _job_id(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 1 << 32:
+        raise argparse.ArgumentTypeError(f"not a job id: {text[:20]!r} (1 to 4294967295)")
+    return int(text)
+
+
 def cmd_backup_verify(args: argparse.Namespace) -> int:
-    done = backup.verify(_cluster(), args.name)
+    done = backup.verify(_cluster(), args.name, tuple(args.job))
     _emit(done, args.json, f"backup {done['name']}: checksums ok"
           + (f"; {done['jobs']} jobs restored into a scratch database (newest job "
              f"{done['newest_job_id']})" if "jobs" in done else "")
           + (f"; {done['directory_entries']} directory entries"
              + (" (slapadd -u accepts them)" if "directory_check" in done else "")
              if "directory_entries" in done else "")
-          + f"; {len(done['files'])} files")
+          + f"; {len(done['files'])} files"
+          + (f"; of jobs {', '.join(map(str, args.job))} it holds "
+             f"{', '.join(map(str, done['found_jobs'])) or 'none'}" if args.job else ""))
     return 0
 
 
@@ -150,6 +161,8 @@ def add_commands(sub: Any) -> None:
     bsub = b.add_subparsers(dest="backup_command", required=True, metavar="SUBCOMMAND")
     s = bsub.add_parser("now", help="take this host's backup, prune beyond backup.keep (the "
                         "backup role's timer runs it)")
+    s.add_argument("--if-due", action="store_true", help="only where this host's newest "
+                   "good backup is older than backup.interval (the schedulers' every tick)")
     s.add_argument("--json", action="store_true", help="print what was done as JSON")
     s.set_defaults(func=cmd_backup_now)
     s = bsub.add_parser("list", help="every backup: time, size, whether its checksums hold "
@@ -160,5 +173,7 @@ def add_commands(sub: Any) -> None:
                         "(dropped afterwards) and count its jobs; check its directory "
                         "entries with slapadd -u")
     s.add_argument("name", nargs="?", help="the backup (default: the newest good one)")
+    s.add_argument("--job", action="append", default=[], type=_job_id, metavar="ID",
+                   help="a job id to look for in the restored accounting (repeatable)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_backup_verify)

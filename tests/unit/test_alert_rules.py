@@ -17,6 +17,7 @@ from test_job_exporter import DETAILS, FakeNvml, v1_tree
 from test_slurm_exporter import NODES, SDIAG, queue_text
 
 from pyhpc import paths
+from pyhpc.admin import backup
 from pyhpc.monitor import gpus, job_exporter, serve, slurm_exporter
 
 TEMPLATE = Path("ansible/roles/monitoring/templates/etc/prometheus/pyhpc-rules.yml.j2")
@@ -26,7 +27,13 @@ PROMETHEUS = {"up"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
                 "unless", "bool", "offset"}
 ALERTS = {"SlurmNodeDown", "SlurmNodeDrained", "GpusMissing", "SlurmdbdUnreachable",
-          "JobGpusIdle", "SlurmRunawayJobs", "FilesystemAlmostFull", "ExporterDown"}
+          "JobGpusIdle", "SlurmRunawayJobs", "FilesystemAlmostFull", "ExporterDown",
+          "BackupTooOld"}
+#: node_exporter's textfile collector serves these: pyhpc admin backup now's, and those the
+#: backup role writes (read from its tasks).
+BACKUP = set(backup.METRICS) | set(re.findall(
+    r"^\s+(pyhpc_backup_\w+) ", (paths.ROOT / "ansible/roles/backup/tasks/present.yml")
+    .read_text(), re.M))
 
 
 def render(mountpoints: list[str], alert_for: str | None = None) -> str:
@@ -71,7 +78,7 @@ def test_the_rules_are_the_alerts_the_issue_asks_for_each_with_a_severity_and_su
 
 
 def test_every_metric_an_alert_names_is_exported(tmp_path, fake_slurm) -> None:
-    known = exported(tmp_path, fake_slurm) | NODE_EXPORTER | PROMETHEUS
+    known = exported(tmp_path, fake_slurm) | NODE_EXPORTER | PROMETHEUS | BACKUP
     for rule in rules():
         names = metric_names(rule["expr"])
         assert names and names <= known, (rule["alert"], names - known)

@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -15,12 +16,16 @@ from typing import Any
 import pytest
 import yaml
 
+# pytest puts tests/unit on sys.path (no package).
+from test_alert_rules import render
+
 from pyhpc import cluster, paths
 from pyhpc.admin import backup, backup_store
 from pyhpc.cluster import ConfigError
 
 LAB = yaml.safe_load(paths.LAB_CLUSTER.read_text())
 HOSTS = yaml.safe_load((paths.ROOT / "ansible/inventories/hostlab/cluster.yml").read_text())
+HOSTS["monitoring"] = {"listen": "10.0.0.0/16"}  # this test's subject is backup alone
 T0 = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
 
 
@@ -37,7 +42,8 @@ def test_the_section_normalises_with_its_defaults() -> None:
     hosts = cluster.parse(with_backup(HOSTS, {"path": "/srv/backup", "interval": "6h",
                                               "keep": 30}))
     assert hosts.backup == cluster.Backup("/srv/backup", "share", "6h", 6 * 3600, 30)
-    assert cluster.parse(LAB, ram_mb=1 << 20).backup is None
+    assert cluster.parse(LAB, ram_mb=1 << 20).backup == cluster.Backup("/var/backups/pyhpc")
+    assert cluster.parse(with_backup(LAB, None), ram_mb=1 << 20).backup is None
 
 
 @pytest.mark.parametrize(("base", "section", "message"), [
@@ -178,8 +184,75 @@ def test_the_metric_file_names_the_newest_good_backup(tmp_path: Path) -> None:
     make(tmp_path, "db", T0)
     entry = backup_store.newest_good(tmp_path)
     assert entry is not None
-    backup.write_metrics(entry, 3600, tmp_path)
+    backup.write_metrics(entry, tmp_path)
     text = (tmp_path / backup.METRICS_FILE).read_text()
     assert f"pyhpc_backup_last_success_timestamp_seconds {int(T0.timestamp())}\n" in text
-    assert "pyhpc_backup_interval_seconds 3600\n" in text
+    assert f"pyhpc_backup_last_size_bytes {entry.size}\n" in text
     assert oct(os.stat(tmp_path / backup.METRICS_FILE).st_mode & 0o777) == "0o644"
+
+
+def test_a_backup_is_due_once_the_interval_has_passed_less_the_ticks_slack() -> None:
+    entry = backup_store.Entry("db-20261201T030000Z", "db", T0, 1, True)
+    start = T0.timestamp()
+    assert backup_store.due(None, 900, start)
+    assert not backup_store.due(entry, 900, start + 900 - backup_store.SLACK_S - 1)
+    assert backup_store.due(entry, 900, start + 880)  # the next 15-minute tick, a bit early
+    assert not backup_store.due(entry, 86400, start + 86400 - backup_store.SLACK_S - 1)
+    assert backup_store.due(entry, 86400, start + 86400)
+
+
+PROMTOOL_TEST = """\
+rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # db: its last good backup at time 0, hourly backups: too old after 2 h.
+      - {series: 'pyhpc_backup_last_success_timestamp_seconds{instance="db",job="node"}',
+         values: '0x300'}
+      - {series: 'pyhpc_backup_interval_seconds{instance="db",job="node"}', values: '3600x300'}
+      - {series: 'pyhpc_backup_deployed_timestamp_seconds{instance="db",job="node"}',
+         values: '0x300'}
+      # fresh: deployed long ago, but a backup every minute: never.
+      - {series: 'pyhpc_backup_last_success_timestamp_seconds{instance="fresh",job="node"}',
+         values: '0+60x300'}
+      - {series: 'pyhpc_backup_interval_seconds{instance="fresh",job="node"}',
+         values: '3600x300'}
+      - {series: 'pyhpc_backup_deployed_timestamp_seconds{instance="fresh",job="node"}',
+         values: '0x300'}
+      # new: no backup yet, deployed at 0, daily: counted from the deploy, not yet.
+      - {series: 'pyhpc_backup_interval_seconds{instance="new",job="node"}', values: '86400x300'}
+      - {series: 'pyhpc_backup_deployed_timestamp_seconds{instance="new",job="node"}',
+         values: '0x300'}
+      # never: deployed at 0, hourly, no backup ever: fires like db.
+      - {series: 'pyhpc_backup_interval_seconds{instance="never",job="node"}', values: '3600x300'}
+      - {series: 'pyhpc_backup_deployed_timestamp_seconds{instance="never",job="node"}',
+         values: '0x300'}
+    alert_rule_test:
+      - {eval_time: 110m, alertname: BackupTooOld, exp_alerts: []}
+      - eval_time: 130m
+        alertname: BackupTooOld
+        exp_alerts:
+          - exp_labels: {severity: critical, instance: db}
+            exp_annotations:
+              summary: >-
+                db has no good backup for over twice its backup.interval
+                (pyhpc admin backup list)
+          - exp_labels: {severity: critical, instance: never}
+            exp_annotations:
+              summary: >-
+                never has no good backup for over twice its backup.interval
+                (pyhpc admin backup list)
+"""
+
+
+def test_the_alert_fires_past_twice_the_interval_counting_from_the_deploy_until_a_first(
+        tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed here (Debian: prometheus)")
+    (tmp_path / "rules.yml").write_text(render(["/"]))
+    (tmp_path / "test.yml").write_text(PROMTOOL_TEST)
+    proc = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
