@@ -30,7 +30,7 @@ from typing import Any
 from pyhpc import validate
 from pyhpc.dist import device
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import slurm
+from pyhpc.slurm import rows
 
 #: Prefix of the one report line (the step's other output is not ours).
 MARK = "PYHPC_GPUCHECK"
@@ -47,23 +47,10 @@ def nvidia_smi_count(text: str) -> int:
     return sum(1 for line in text.splitlines() if re.match(r"GPU \d+:", line))
 
 
-def expand(expression: str) -> list[str]:
-    """A hostlist-style list (``gpu1,gn[1-4]``, ``/dev/nvidia[0-3]``); Slurm expands brackets."""
-    return slurm.hostnames(expression) if "[" in expression else expression.split(",")
-
-
 def gres_files(node: str, gres_conf: Path) -> list[str]:
-    """The device files of ``node``'s ``Name=gpu`` lines in gres.conf (keys in any case)."""
-    files: list[str] = []
-    for line in gres_conf.read_text().splitlines():
-        fields = {k.lower(): v for k, v in re.findall(r"(\w+)=(\S+)", line.split("#", 1)[0])}
-        listed = fields.get("file") or fields.get("files")
-        if fields.get("name") != "gpu" or not listed:
-            continue
-        if "nodename" in fields and node not in expand(fields["nodename"]):
-            continue
-        files += expand(listed)
-    return files
+    """The device files of ``node``'s ``Name=gpu`` lines in gres.conf (one parser:
+    :func:`pyhpc.slurm.rows.gres_gpu_files`, which the job exporter reads too)."""
+    return rows.gres_gpu_files(node, gres_conf.read_text())
 
 
 def seen(node: str, gres_conf: Path = GRES_CONF) -> tuple[int, str]:
