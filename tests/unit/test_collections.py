@@ -133,3 +133,21 @@ def test_a_wrong_file_is_one_line_naming_the_key(tmp_path: Path, change: dict[st
     with pytest.raises(col.Refused) as raised:
         col.load(path)
     assert key in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_deploy_collection_and_every_role_require_the_pinned_ansible_core_series() -> None:
+    """pyhpc.deploy subclasses ansible-core's actions and private hooks: it declares the
+    one minor series it was tested on, the one requirements/deploy.txt pins, and every role
+    (each calls its actions) says the same minimum."""
+    pin = re.search(r"^ansible-core==(\d+)\.(\d+)\.\d+$",
+                    (paths.ROOT / "requirements" / "deploy.txt").read_text(), re.M)
+    assert pin is not None
+    major, minor = int(pin[1]), int(pin[2])
+    runtime = yaml.safe_load((paths.ROOT / "ansible" / "collections" / "ansible_collections" /
+                              "pyhpc" / "deploy" / "meta" / "runtime.yml").read_text())
+    assert runtime["requires_ansible"] == f">={major}.{minor}.0,<{major}.{minor + 1}"
+    roles = sorted((paths.ROOT / "ansible" / "roles").glob("*/meta/main.yml"))
+    assert roles
+    for meta in roles:
+        info = yaml.safe_load(meta.read_text())["galaxy_info"]
+        assert info["min_ansible_version"] == f"{major}.{minor}", meta
