@@ -127,7 +127,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_resubmit(args: argparse.Namespace) -> int:
-    result = resubmit.resubmit(args.job_id, args.folder, args.force, _cluster())
+    result = resubmit.resubmit(args.job_id, args.folder, args.force, _cluster(),
+                               args.reservation)
     if result.get("note"):
         print(f"pyhpc: note: job {result['job_id']}: {result['note']}", file=sys.stderr)
     if args.wait:
@@ -331,6 +332,8 @@ def add_commands(sub: Any) -> None:
                    help="the submit folder the job used (its records/ hold the job's record)")
     p.add_argument("--force", action="store_true",
                    help="submit it again whatever its state (it may then run twice)")
+    p.add_argument("--reservation", help="run it in this reservation (default: the one it "
+                   "asked for, else SBATCH_RESERVATION, else your one active reservation)")
     _wait_options(p)
     p.set_defaults(func=cmd_resubmit)
 

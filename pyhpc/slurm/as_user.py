@@ -129,12 +129,6 @@ def reservations(user: str) -> list[dict[str, str]]:
     """Every reservation ``scontrol`` shows to ``user`` (PrivateData: those the user may
     use), one mapping of fields each."""
     proc = slurm.run(argv(user, "scontrol", "-o", "show", "reservation"))
-    found = []
-    for line in proc.stdout.splitlines():
-        fields: dict[str, str] = {}
-        for match in re.finditer(r"(\w+)=(\S*)", line):
-            fields.setdefault(match.group(1), match.group(2))
-        if fields.get("ReservationName"):
-            found.append(fields)
-    return found
+    found = (slurm.fields_of(line) for line in proc.stdout.splitlines())
+    return [f for f in found if f.get("ReservationName")]
 

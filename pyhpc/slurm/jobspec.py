@@ -48,6 +48,11 @@ class JobSpec:
         "a job array in one sbatch, e.g. 0-999%%50 (ids 0-999, at most 50 running); each "
         "task reads its id from SLURM_ARRAY_TASK_ID. Templates and scripts; for functions: "
         "pyhpc.submit_array"))
+    #: None: the one the user names elsewhere (SBATCH_RESERVATION, the script's #SBATCH
+    #: line), else the one active reservation that admits them (pyhpc.slurm.reservations).
+    reservation: str | None = field(default=None, metadata=_meta(
+        "reservation to run in (default: SBATCH_RESERVATION, else your one active "
+        "reservation, e.g. your workshop's)"))
 
     @property
     def tasks(self) -> int:
@@ -58,7 +63,8 @@ class JobSpec:
 
 
 #: JobSpec field -> (sbatch option, submitit parameter): the one table of names.
-#: ``array`` has no submitit parameter: functions go into arrays by pyhpc.submit_array.
+#: ``array`` has no submitit parameter: functions go into arrays by pyhpc.submit_array;
+#: nor has ``reservation``: it reaches submitit's sbatch as an additional parameter.
 OPTIONS: dict[str, tuple[str, str | None]] = {
     "nodes": ("nodes", "nodes"),
     "tasks_per_node": ("ntasks-per-node", "tasks_per_node"),
@@ -68,6 +74,7 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     "time": ("time", "timeout_min"),
     "job_name": ("job-name", "name"),
     "array": ("array", None),
+    "reservation": ("reservation", None),
 }
 BOUNDS: dict[str, tuple[int, int]] = {
     f.name: f.metadata["bounds"] for f in fields(JobSpec) if "bounds" in f.metadata}
@@ -76,7 +83,7 @@ BOUNDS: dict[str, tuple[int, int]] = {
 def check_value(key: str, value: object) -> Any:
     """One field's value, converted and checked on its own (no cluster needed)."""
     if value is None and key in ("tasks_per_node", "cpus_per_task", "partition", "job_name",
-                                 "array"):
+                                 "array", "reservation"):
         return None
     if key in BOUNDS:
         return validate.integer(key, value, *BOUNDS[key], error=JobSpecError)
@@ -85,7 +92,7 @@ def check_value(key: str, value: object) -> Any:
         return value
     if key == "job_name":
         return validate.name(key, value, "job", error=JobSpecError)
-    if key == "partition":
+    if key in ("partition", "reservation"):
         return validate.name(key, value, "slurm", error=JobSpecError)
     if key == "array":
         return validate.array_spec(key, value, error=JobSpecError)
@@ -141,7 +148,8 @@ def sbatch_args(spec: JobSpec, only: set[str] | None = None) -> list[str]:
 
 def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit's parameter names for a checked spec (time goes in as minutes; ``array``
-    is skipped: submitit makes its own array from pyhpc.submit_array's items)."""
+    is skipped: submitit makes its own array from pyhpc.submit_array's items; so is
+    ``reservation``: :func:`pyhpc.slurm.submit.submit_spec` passes the one it resolved)."""
     params: dict[str, Any] = {}
     for key, (_, param) in OPTIONS.items():
         value = getattr(spec, key)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import pickle
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +39,15 @@ class ResubmitError(PyhpcError):
 
 
 def resubmit(job_id: str, folder: str | Path = submit.DEFAULT_FOLDER, force: bool = False,
-             cluster: Cluster | None = None) -> dict[str, Any]:
+             cluster: Cluster | None = None, reservation: str | None = None) -> dict[str, Any]:
     """Submit job ``job_id`` again from its record under ``folder``; returns the new job's
     id, the id it replaces and its kind. Refused (one line) for a job that is neither LOST
     nor failed to start, unless ``force``. ``note``: why no record of the new job was kept
-    (its submit directory is no longer the user's alone)."""
+    (its submit directory is no longer the user's alone). ``reservation``: the one to run
+    in instead of the one the job asked for (none asked: the caller's one active one now)."""
     job_id = validate.name("job_id", job_id, "job_id", error=ResubmitError)
+    if reservation is not None:
+        reservation = jobspec.check_value("reservation", reservation)
     record = records.read(folder, job_id)
     if not force:
         state = watch.inspect([job_id], "sacct", {job_id: record["submitted"]})[0][job_id]
@@ -59,9 +62,9 @@ def resubmit(job_id: str, folder: str | Path = submit.DEFAULT_FOLDER, force: boo
                             "directory", "job")
     with contextlib.chdir(cwd):
         if record["kind"] in records.SCRIPT_KINDS:
-            new, note = _script_again(record, the_cluster)
+            new, note = _script_again(record, the_cluster, reservation)
         else:
-            new, note = _call_again(record, the_cluster)
+            new, note = _call_again(record, the_cluster, reservation)
     result = {"job_id": new, "replaces": job_id, "kind": record["kind"]}
     if note:
         result["note"] = note
@@ -80,8 +83,10 @@ def _spec(record: dict[str, Any]) -> JobSpec | None:
     return JobSpec(**spec)
 
 
-def _script_again(record: dict[str, Any], cluster: Cluster) -> tuple[str, str]:
-    """sbatch the script kept at submission again, with the same options."""
+def _script_again(record: dict[str, Any], cluster: Cluster,
+                  reservation: str | None = None) -> tuple[str, str]:
+    """sbatch the script kept at submission again, with the same options (``reservation``
+    instead of the one asked for)."""
     script = Path(record["script"])
     data = files.read_owned(script, submit.SCRIPT_LIMIT, "script", private=False)
     if hashlib.sha256(data).hexdigest() != record["sha256"]:
@@ -90,17 +95,23 @@ def _script_again(record: dict[str, Any], cluster: Cluster) -> tuple[str, str]:
     spec = _spec(record)
     checked = check(spec, cluster) if spec else None
     only = set(record["only"]) if record.get("only") is not None else None
-    options = jobspec.sbatch_args(checked, only) if checked else []
+    options = [o for o in (jobspec.sbatch_args(checked, only) if checked else [])
+               if not (reservation and o.startswith("--reservation="))]
+    asked = reservation or (record.get("reservation") if checked is None else None)
+    if isinstance(asked, str):
+        options.append(f"--reservation={jobspec.check_value('reservation', asked)}")
     job_id, note = submit.sbatch_recorded(script, data, script.name.rsplit("-", 1)[0], options,
                                           cluster, {
         "kind": record["kind"], "template": record.get("template"),
         "spec": asdict(checked) if checked else None, "only": record.get("only"),
-        "replaces": record["job_id"]})
+        "reservation": asked if checked is None else None, "replaces": record["job_id"]})
     return job_id, note
 
 
-def _call_again(record: dict[str, Any], cluster: Cluster) -> tuple[str, str]:
-    """Submit the call submitit pickled for the job again, with the recorded spec."""
+def _call_again(record: dict[str, Any], cluster: Cluster,
+                reservation: str | None = None) -> tuple[str, str]:
+    """Submit the call submitit pickled for the job again, with the recorded spec (and
+    ``reservation`` instead of the one asked for)."""
     folder = files.safe_dir(record["job_folder"], arg="folder", writable=False)
     pickled = Path(record["pickle"])
     if pickled.parent != Path(record["job_folder"]) or not pickled.name.endswith("_submitted.pkl"):
@@ -112,6 +123,8 @@ def _call_again(record: dict[str, Any], cluster: Cluster) -> tuple[str, str]:
         raise ResubmitError(f"folder: {pickled} holds no submitit call")
     spec = _spec(record)
     assert spec is not None  # records.check: a call's record has a spec
+    if reservation is not None:
+        spec = replace(spec, reservation=reservation)
     job = submit.submit_spec(delayed.function, check(spec, cluster), record["folder"], cluster,
                              delayed.args, delayed.kwargs, kind=record["kind"],
                              replaces=record["job_id"])

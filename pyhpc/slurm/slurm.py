@@ -110,9 +110,7 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
             break
         if submits and any(t in proc.stderr for t in AMBIGUOUS):
             if check:
-                raise AmbiguousSubmit(f"{argv[0]}: {why(proc)}; slurmctld may have accepted the "
-                                      "job all the same: look for it with squeue --me before "
-                                      "submitting again", argv[0])
+                raise ambiguous(argv[0], proc)
             break
         if attempt < RETRIES:
             time.sleep(BACKOFF_S * 2 ** attempt)
@@ -120,6 +118,11 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
     if check and proc.returncode != 0:
         raise SlurmError(f"{argv[0]}: {why(proc)}", argv[0])
     return proc
+
+
+def ambiguous(tool: str, proc: subprocess.CompletedProcess[str]) -> AmbiguousSubmit:
+    return AmbiguousSubmit(f"{tool}: {why(proc)}; slurmctld may have accepted the job all the "
+                           "same: look for it with squeue --me before submitting again", tool)
 
 
 def why(proc: subprocess.CompletedProcess[str]) -> str:
@@ -130,22 +133,25 @@ def why(proc: subprocess.CompletedProcess[str]) -> str:
 
 # -- submission and control -------------------------------------------------------------
 
-NO_ASSOCIATION = ("Invalid account or account/partition combination",)
+class Refused(SlurmError):
+    """sbatch refused a job; ``said`` is all it printed (22.05 names the limit a job is
+    beyond on a line of its own, before the line it fails with)."""
 
-
-def explain_submit_error(text: str, user: str, cluster: str) -> str | None:
-    """A one-line explanation for sbatch refusals users hit, or None."""
-    if any(s in text for s in NO_ASSOCIATION):
-        return (f"user {user} has no account on cluster {cluster}; an admin adds it to "
-                "accounts in cluster.yml")
-    return None
+    def __init__(self, message: str, said: str) -> None:
+        super().__init__(message, "sbatch")
+        self.said = said
 
 
 def sbatch(script: str, options: Sequence[str] = (), test_only: bool = False) -> str:
-    """Submit ``script``; returns the job id, or sbatch's verdict with ``test_only``."""
+    """Submit ``script``; returns the job id, or sbatch's verdict with ``test_only``; a
+    refusal raises :class:`Refused`."""
     argv = ["sbatch", "--parsable", *(["--test-only"] if test_only else []), *options, "--",
             script]
-    proc = run(argv, submits=not test_only)
+    proc = run(argv, submits=not test_only, check=False)
+    if proc.returncode != 0:
+        if not test_only and any(t in proc.stderr for t in AMBIGUOUS):
+            raise ambiguous("sbatch", proc)
+        raise Refused(f"sbatch: {why(proc)}", proc.stderr or proc.stdout)
     if test_only:
         return proc.stderr.strip()
     return proc.stdout.strip().split(";")[0]
@@ -401,14 +407,35 @@ def sacctmgr(verb: str, entity: str, *args: str) -> None:
     run(["sacctmgr", "--immediate", verb, entity, *args])
 
 
+def fields_of(line: str) -> dict[str, str]:
+    """``KEY=VALUE`` fields of one ``scontrol -o`` line, the first of each key."""
+    fields: dict[str, str] = {}
+    for match in re.finditer(r"(\w+)=(\S*)", line):
+        fields.setdefault(match.group(1), match.group(2))
+    return fields
+
+
 def reservation(name: str) -> dict[str, str]:
     """``scontrol show reservation NAME``: its fields; {} when there is none."""
     proc = run(["scontrol", "show", "reservation", "-o", "--", name], check=False)
-    fields: dict[str, str] = {}
-    if proc.returncode == 0:
-        for match in re.finditer(r"(\w+)=(\S*)", proc.stdout):
-            fields.setdefault(match.group(1), match.group(2))
+    fields = fields_of(proc.stdout) if proc.returncode == 0 else {}
     return fields if fields.get("ReservationName") == name else {}
+
+
+def reservations() -> list[dict[str, str]]:
+    """Every reservation the caller may see (``PrivateData=reservations``: those they may
+    use; root: all), one mapping of fields each: ONE scontrol call (22.05's scontrol has
+    no ``--json``)."""
+    proc = run(["scontrol", "show", "reservation", "-o"])
+    found = (fields_of(line) for line in proc.stdout.splitlines())
+    return [f for f in found if f.get("ReservationName")]
+
+
+def my_associations(user: str) -> list[tuple[str, str]]:
+    """(account, partition) of each of ``user``'s associations, as sacctmgr shows them to
+    the caller (partition "" for any): ONE call, made only to explain a refusal."""
+    rows = sacctmgr_rows("associations", [f"users={user}"], ["account", "partition", "user"])
+    return sorted({(r[0], r[1]) for r in rows if len(r) >= 3 and r[2] == user and r[0]})
 
 
 def create_reservation(fields: dict[str, str]) -> None:

@@ -8,8 +8,10 @@ submit it again (:mod:`pyhpc.slurm.records`; ``pyhpc resubmit``).
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
+import io
 import os
 import re
 import shlex
@@ -24,7 +26,7 @@ from typing import Any
 from pyhpc import dist, files, paths, validate
 from pyhpc.cluster import Cluster, load
 from pyhpc.errors import PyhpcError, echo
-from pyhpc.slurm import jobspec, records, render, slurm, watch
+from pyhpc.slurm import jobspec, records, refusals, render, reservations, slurm, watch
 from pyhpc.slurm.jobspec import JobSpec, check
 
 #: Where submitit keeps pickles and logs, and where rendered scripts are written.
@@ -88,11 +90,15 @@ def cluster_or_default(cluster: Cluster | None) -> Cluster:
     return cluster if cluster is not None else load(paths.cluster_file())
 
 
-def _refused(text: str, cluster: Cluster) -> SubmitError:
-    """sbatch's refusal as one line (a user without an association gets a plain answer)."""
-    plain = slurm.explain_submit_error(text, getpass.getuser(), cluster.name)
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return SubmitError(plain or f"sbatch: {lines[-1] if lines else 'refused the job'}", "sbatch")
+def _refused(text: str, cluster: Cluster, choice: reservations.Choice) -> SubmitError:
+    """sbatch's refusal as one line that says what to do (:mod:`pyhpc.slurm.refusals`)."""
+    ctx = refusals.Context(getpass.getuser(), cluster.name, choice.partition, choice)
+    return SubmitError(refusals.explain(text, ctx), "sbatch")
+
+
+def reserve(spec: JobSpec) -> reservations.Choice:
+    """The reservation a checked ``spec`` runs in (:func:`pyhpc.slurm.reservations.resolve`)."""
+    return reservations.resolve(spec.reservation, spec.partition or "", getpass.getuser())
 
 
 def job_folder(folder: str | Path) -> Path:
@@ -127,9 +133,9 @@ def job_setup() -> list[str]:
     return [*rendezvous, f"export PYTHONPATH={shlex.quote(str(here))}${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
-def _executor(spec: JobSpec, folder: Path) -> Any:
+def _executor(spec: JobSpec, folder: Path, reservation: str | None = None) -> Any:
     """A submitit executor for ``spec``, which :func:`~pyhpc.slurm.jobspec.check` has checked,
-    writing in ``folder``, which :func:`job_folder` returned."""
+    writing in ``folder``, which :func:`job_folder` returned, in ``reservation``."""
     import submitit
 
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm",
@@ -139,8 +145,18 @@ def _executor(spec: JobSpec, folder: Path) -> Any:
                                # A rank that dies ends the step, as in the job templates:
                                # the others would wait for it until the time limit.
                                slurm_srun_args=["--kill-on-bad-exit=1"],
-                               slurm_additional_parameters={"requeue": True})
+                               slurm_additional_parameters={
+                                   "requeue": True,
+                                   **({"reservation": reservation} if reservation else {})})
     return executor
+
+
+@contextlib.contextmanager
+def _quiet_submitit() -> Any:
+    """submitit prints sbatch's refusal to stderr before it raises it; pyhpc says it once,
+    in its own line."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        yield
 
 
 def submit_spec(call: Callable[..., Any], spec: JobSpec, folder: str | Path, cluster: Cluster,
@@ -153,14 +169,15 @@ def submit_spec(call: Callable[..., Any], spec: JobSpec, folder: str | Path, clu
     import submitit
 
     pattern = job_folder(folder)
-    executor = _executor(spec, pattern)
+    choice = reserve(spec)
+    executor = _executor(spec, pattern, choice.name)
     records.prepare(pattern)
     submitted = int(clock.time())
     try:
-        with files.private_umask():  # the job's folder and files, and Slurm's logs
+        with files.private_umask(), _quiet_submitit():  # private: its files, Slurm's logs
             job = executor.submit(call, *args, **(kwargs or {}))
     except submitit.core.utils.FailedJobError as exc:
-        raise _refused(str(exc), cluster) from None
+        raise _refused(str(exc), cluster, choice) from None
     records.write(pattern, {
         "kind": kind, "job_id": str(job.job_id), "submitted": submitted, "cwd": os.getcwd(),
         "spec": asdict(spec), "folder": str(pattern), "job_folder": str(job.paths.folder),
@@ -172,17 +189,19 @@ def submit(fn: Callable[..., Any], *args: Any, nodes: int = 1, tasks_per_node: i
            gpus_per_node: int = 0, partition: str | None = None,
            cpus_per_task: int | None = None, time: str = jobspec.DEFAULT_TIME,
            name: str = "pyhpc", folder: str | Path = DEFAULT_FOLDER / "%j",
-           distributed: bool = True, cluster: Cluster | None = None, **kwargs: Any) -> Any:
+           distributed: bool = True, cluster: Cluster | None = None,
+           reservation: str | None = None, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``nodes`` nodes; returns a submitit Job.
 
     ``tasks_per_node`` defaults to one task per GPU (one per node without GPUs).
     The partition defaults to the cluster's default, and GPUs are requested only
     where the partition has them; asking for more is an error, before any sbatch.
+    ``reservation`` defaults to SBATCH_RESERVATION, else the caller's one active one.
     """
     the_cluster = cluster_or_default(cluster)
     spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
                          cpus_per_task=cpus_per_task, partition=partition, time=time,
-                         job_name=name), the_cluster)
+                         job_name=name, reservation=reservation), the_cluster)
     return submit_spec(Distributed(fn) if distributed else fn, spec, folder, the_cluster, args, kwargs)
 
 
@@ -191,7 +210,7 @@ def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], nodes: int = 1,
                  partition: str | None = None, cpus_per_task: int | None = None,
                  time: str = jobspec.DEFAULT_TIME, name: str = "pyhpc",
                  folder: str | Path = DEFAULT_FOLDER / "%j", parallelism: int = 256,
-                 cluster: Cluster | None = None) -> list[Any]:
+                 cluster: Cluster | None = None, reservation: str | None = None) -> list[Any]:
     """Run ``fn(item)`` for every item as ONE Slurm job array (one sbatch, one pickle
     folder); returns a submitit Job per item. Far cheaper than a submit per item:
     slurmctld gets one request. ``parallelism`` caps the tasks running at once (1-100000).
@@ -203,15 +222,17 @@ def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], nodes: int = 1,
     the_cluster = cluster_or_default(cluster)
     spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
                          cpus_per_task=cpus_per_task, partition=partition, time=time,
-                         job_name=name), the_cluster)
-    executor = _executor(spec, job_folder(folder))
+                         job_name=name, reservation=reservation), the_cluster)
     width = int(validate.number("parallelism", parallelism, 1, 100000, error=SubmitError))
+    pattern = job_folder(folder)
+    choice = reserve(spec)
+    executor = _executor(spec, pattern, choice.name)
     executor.update_parameters(slurm_array_parallelism=width)
     try:
-        with files.private_umask():
+        with files.private_umask(), _quiet_submitit():
             return list(executor.map_array(fn, items))
     except submitit.core.utils.FailedJobError as exc:
-        raise _refused(str(exc), the_cluster) from None
+        raise _refused(str(exc), the_cluster, choice) from None
 
 
 def resolve_function(target: str) -> Callable[..., Any]:
@@ -231,16 +252,41 @@ def resolve_function(target: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]  # checked callable above
 
 
+def _option(options: Sequence[str], name: str) -> str | None:
+    """The value of ``--NAME=VALUE`` in ``options`` (the last one), or None."""
+    found = [o.split("=", 1)[1] for o in options if o.startswith(f"--{name}=")]
+    return found[-1] if found else None
+
+
+def script_choice(path: Path, options: Sequence[str], cluster: Cluster) -> reservations.Choice:
+    """The reservation an sbatch of ``path`` with ``options`` runs in: one that they, or
+    the script's own ``#SBATCH`` lines, name (checked); else the caller's one active one."""
+    head = files.read_bytes(path, SCRIPT_LIMIT, "script").decode(errors="replace")
+    own = reservations.script_options(head)
+    partition = (_option(options, "partition") or own.get("partition")
+                 or cluster.default_partition.name)
+    given = _option(options, "reservation")
+    where = "reservation"
+    if given is None and "reservation" in own and not os.environ.get("SBATCH_RESERVATION"):
+        given, where = own["reservation"], "script: #SBATCH --reservation"
+    return reservations.resolve(given, partition, getpass.getuser(), where)
+
+
 def sbatch(script: str | Path, options: Sequence[str] = (), test_only: bool = False,
            cluster: Cluster | None = None) -> str:
-    """Submit an existing script; returns the job id (or sbatch's message with test_only)."""
+    """Submit an existing script, in the reservation :func:`script_choice` finds; returns
+    the job id (or sbatch's message with test_only)."""
     path = Path(script)
     if not path.is_file():
         raise SubmitError(f"script: no such file {echo(str(script))}")
+    the_cluster = cluster_or_default(cluster)
+    choice = script_choice(path, options, the_cluster)
+    extra = ([f"--reservation={choice.name}"]
+             if choice.name and _option(options, "reservation") is None else [])
     try:
-        return slurm.sbatch(str(path), options, test_only=test_only)
-    except slurm.SlurmError as exc:
-        raise _refused(str(exc), cluster_or_default(cluster)) from None
+        return slurm.sbatch(str(path), [*options, *extra], test_only=test_only)
+    except slurm.Refused as exc:
+        raise _refused(exc.said, the_cluster, choice) from None
 
 
 def submit_script(script: str | Path, spec: JobSpec | None = None,
@@ -264,17 +310,20 @@ def submit_script(script: str | Path, spec: JobSpec | None = None,
 
 
 def submit_template(template: str, values: Mapping[str, Any], cluster: Cluster | None = None,
-                    test_only: bool = False) -> ScriptJob:
-    """Render a job template (see :mod:`pyhpc.slurm.render`), save it, and sbatch it."""
+                    test_only: bool = False, reservation: str | None = None) -> ScriptJob:
+    """Render a job template (see :mod:`pyhpc.slurm.render`), save it, and sbatch it (in
+    ``reservation``, given on sbatch's command line: a rendered script names none)."""
 
     the_cluster = cluster_or_default(cluster)
     text = render.render(template, values, the_cluster)
     script = write_script(text, Path(template).name.split(".")[0])
+    options = [f"--reservation={reservation}"] if reservation else []
     if test_only:
-        return ScriptJob(sbatch(script, test_only=True, cluster=the_cluster), script)
-    job_id, note = sbatch_recorded(script, text.encode(), script.name.rsplit("-", 1)[0], [],
+        return ScriptJob(sbatch(script, options, test_only=True, cluster=the_cluster), script)
+    job_id, note = sbatch_recorded(script, text.encode(), script.name.rsplit("-", 1)[0], options,
                                    the_cluster, {"kind": "template", "template": template,
-                                                 "spec": None, "replaces": None})
+                                                 "spec": None, "reservation": reservation,
+                                                 "replaces": None})
     return ScriptJob(job_id, script, note)
 
 
@@ -379,7 +428,9 @@ def submit_target(target: str, args: Sequence[str] = (), sets: Mapping[str, str]
         job = submit_spec(Distributed(fn), spec, folder, the_cluster, args)
         return {**result, "job_id": str(job.job_id), "folder": str(Path(folder).parent)}
     if kind == "template":
-        handle = submit_template(target, {**(sets or {}), **given}, the_cluster, test_only)
+        reservation = given.pop("reservation", None)
+        handle = submit_template(target, {**(sets or {}), **given}, the_cluster, test_only,
+                                 reservation)
     else:
         if not Path(target).is_file():
             raise SubmitError(f"script: no such file {echo(target)} (and no template of that "

@@ -34,7 +34,7 @@ from typing import TextIO
 
 from pyhpc import validate
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import lost, slurm
+from pyhpc.slurm import lost, refusals, slurm
 from pyhpc.slurm.rows import JobRow, task_ids
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
@@ -363,8 +363,9 @@ def watch(ids: Sequence[str], interval_s: float = 2.0, timeout_s: float | None =
                                  "while it started, and holds it until someone releases it; an "
                                  f"admin runs scontrol release {job.split('_')[0]}, or pyhpc "
                                  f"cancel {job.split('_')[0]}", "job")
-            raise WatchError(f"job: {job} can never start ({reason}); change the request, "
-                             f"or pyhpc cancel {job.split('_')[0]}", "job")
+            why = refusals.pending(reason) or "change the request"
+            raise WatchError(f"job: {job} can never start ({reason}): {why}; or pyhpc "
+                             f"cancel {job.split('_')[0]}", "job")
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             if fail_on_timeout:
                 running = ", ".join(f"{j} {s}" for j, s in states.items() if s not in TERMINAL)

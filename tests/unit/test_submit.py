@@ -93,7 +93,8 @@ def test_submit_template_saves_the_script_and_returns_a_handle(fake_sbatch: Path
                                                                 lab: cluster.Cluster) -> None:
     job = submit_template("single", {"command": "true"}, lab)
     assert job.job_id == "4243" and job.script.read_text().startswith("#!/bin/bash")
-    assert fake_sbatch.read_text().split() == ["sbatch", "--parsable", "--", str(job.script)]
+    calls = fake_sbatch.read_text().splitlines()
+    assert calls == ["scontrol show reservation -o", f"sbatch --parsable -- {job.script}"]
 
 
 def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: cluster.Cluster,
@@ -106,7 +107,7 @@ def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: clus
     assert not fake_sbatch.exists()
     job = submit_script("ok.sh", JobSpec(nodes=2), cluster=lab)
     assert fake_sbatch.read_text().split() == [
-        "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu",
+        "scontrol", "show", "reservation", "-o", "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu",
         "--time=00:10:00", "--", "ok.sh"]
     assert job.job_id == "4243"
 
@@ -144,8 +145,8 @@ def test_submit_script_passes_the_array_once(fake_sbatch: Path, lab: cluster.Clu
         submit_script("ok.sh", JobSpec(array="5-2"), cluster=lab)
     assert not fake_sbatch.exists()
     submit_script("ok.sh", JobSpec(array="0-999%50"), cluster=lab, only={"array"})
-    assert fake_sbatch.read_text().split() == ["sbatch", "--parsable", "--array=0-999%50", "--",
-                                               "ok.sh"]
+    assert fake_sbatch.read_text().split() == ["scontrol", "show", "reservation", "-o", "sbatch",
+                                               "--parsable", "--array=0-999%50", "--", "ok.sh"]
 
 
 def test_submit_array_is_one_sbatch_for_all_items(fake_sbatch: Path, lab: cluster.Cluster) -> None:
