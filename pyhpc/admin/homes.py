@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pyhpc import paths
@@ -41,9 +41,11 @@ def _private(path: Path, uid: int, gid: int) -> None:
     CHOWN(path, uid, gid)
 
 
-def make(user: str, uid: int, gid: int, files: Sequence[Path], skel: Path = SKEL) -> Path | None:
-    """Make ``user``'s home with /etc/skel's files and ``files`` in ~/workshop, all theirs
-    and private; None when the home exists already (it is left as it is)."""
+def make(user: str, uid: int, gid: int, files: Sequence[Path], skel: Path = SKEL,
+         texts: Mapping[str, str] | None = None) -> Path | None:
+    """Make ``user``'s home with /etc/skel's files, and ``files`` and ``texts`` (name ->
+    text: the README) in ~/workshop, all theirs and private; None when the home exists
+    already (it is left as it is)."""
     home = ROOT / user
     try:
         os.mkdir(home, 0o700)
@@ -55,6 +57,8 @@ def make(user: str, uid: int, gid: int, files: Sequence[Path], skel: Path = SKEL
     target.mkdir(mode=0o700, exist_ok=True)
     for source in files:
         shutil.copyfile(source, target / source.name, follow_symlinks=False)
+    for name, text in (texts or {}).items():
+        (target / name).write_text(text)  # in a directory only root can enter yet
     for top, dirs, names in os.walk(home, topdown=False):
         for name in names + dirs:
             _private(Path(top) / name, uid, gid)

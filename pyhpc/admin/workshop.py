@@ -21,13 +21,15 @@ from typing import Any
 
 from pyhpc import validate
 from pyhpc.admin import directory, directory_sync, homes, owner
-from pyhpc.admin.workshop_sheet import write_sheet
+from pyhpc.admin.workshop_sheet import host, readme, write_sheet
 from pyhpc.cluster import Cluster, Directory
 from pyhpc.errors import PyhpcError, echo
 from pyhpc.hub import api as hub
 from pyhpc.slurm import slurm
 
-MAX_PARTICIPANTS = 99
+#: A big day-one workshop (Virginia Tech's had 770 attendees); from 100 on, participants
+#: are NAME-001 to NAME-NNN.
+MAX_PARTICIPANTS = 999
 #: Hours a workshop may last (a reservation is a promise of nodes).
 MAX_HOURS = 14 * 24
 #: How far ahead a workshop may start.
@@ -61,6 +63,8 @@ class Plan:
     gpus_per_user: int = 0
     #: True: participants may also run outside the reservation, in its partition only.
     outside: bool = False
+    #: Whether ``partition`` is the cluster's default (the sheet's commands then name none).
+    default_partition: bool = True
 
     @property
     def marker(self) -> str:
@@ -87,7 +91,8 @@ class Plan:
 
 
 def participant_names(name: str, count: int) -> tuple[str, ...]:
-    return tuple(f"{name}-{i:02d}" for i in range(1, count + 1))
+    width = 2 if count < 100 else 3
+    return tuple(f"{name}-{i:0{width}d}" for i in range(1, count + 1))
 
 
 def start_time(text: str, now: datetime | None = None) -> str:
@@ -140,6 +145,9 @@ def plan(name: str, participants: object, start: str, hours: object, nodes: obje
     workshop_name(name)
     count = validate.integer("participants", participants, 1, MAX_PARTICIPANTS,
                              error=WorkshopError)
+    if count >= 100 and len(name) > 27:  # NAME-NNN must stay a valid user and account name
+        raise WorkshopError(f"name: {name!r} is longer than 27 characters, and {count} "
+                            "participants are NAME-001 to NAME-NNN", "name")
     length = validate.number("hours", hours, 0.25, MAX_HOURS, error=WorkshopError)
     part = the_cluster.partition(partition or the_cluster.default_partition.name)
     size = validate.integer("nodes", nodes, 1, len(part.nodes), error=WorkshopError)
@@ -164,7 +172,8 @@ def plan(name: str, participants: object, start: str, hours: object, nodes: obje
     directory_of(the_cluster)
     return Plan(name, participant_names(name, count), start_time(start, now),
                 round(length * 60), size, part.name, gpus, the_cluster.name,
-                outside=outside, **per_user)
+                outside=outside, default_partition=part.name == the_cluster.default_partition.name,
+                **per_user)
 
 
 # -- what exists, and whose it is ----------------------------------------------------------
@@ -263,7 +272,10 @@ def create(p: Plan, the_cluster: Cluster, out: Path) -> dict[str, Any]:
     if added:
         entries = directory.users(d)
         files = homes.notebooks()
-        made = [homes.make(n, entries[n].number, entries[n].gid, files) for n in added]
+        login = host()
+        made = [homes.make(n, entries[n].number, entries[n].gid, files,
+                           texts={"README": readme(p, n, login, done.get("hub_url"))})
+                for n in added]
         done["homes_made"] = [str(h) for h in made if h is not None]
         done["sheet"] = [str(f) for f in write_sheet(p, {n: passwords[n] for n in added}, out,
                                                      done.get("hub_url"))]

@@ -122,7 +122,7 @@ def test_the_instructor_sets_per_user_limits_and_may_allow_the_partition(lab) ->
 BAD = [
     (("Bad Name", "2", "now", "1", "1"), "name: 'Bad Name' is not allowed"),
     (("ROOT", "2", "now", "1", "1"), "name: 'ROOT' is a word Slurm reserves in account names"),
-    (("dl", "0", "now", "1", "1"), "participants: must be an integer from 1 to 99, got '0'"),
+    (("dl", "0", "now", "1", "1"), "participants: must be an integer from 1 to 999, got '0'"),
     (("dl", "2", "tomorrow", "1", "1"), "start: 'tomorrow' is not an ISO time"),
     (("dl", "2", "2020-01-01T09:00", "1", "1"), "start: 2020-01-01T09:00 is in the past"),
     (("dl", "2", "9999-12-31T23:59:59-14:00", "1", "1"), "start: '9999-12-31T23:59:59-14:00' "
@@ -304,3 +304,34 @@ def test_a_workshop_of_before_markers_is_still_deleted_but_not_its_unmarked_qos(
     assert done["account_deleted"] and done["users_deleted"] == ["old-01"]
     assert done["left_alone"] == ["Slurm QOS old", "reservation old"]
     assert state.qos["old"] == "old" and "old" in state.reservations
+
+
+def test_from_100_participants_on_names_have_three_digits(lab) -> None:
+    p = workshop.plan("vt", "200", "now", "8", "1", lab)
+    assert (p.participants[0], p.participants[99], p.participants[-1]) == (
+        "vt-001", "vt-100", "vt-200")
+    assert workshop.plan("vt", "99", "now", "8", "1", lab).participants[-1] == "vt-99"
+    with pytest.raises(workshop.WorkshopError, match=r"^name: 'a{28}' is longer than 27 "
+                       r"characters, and 100 participants are NAME-001 to NAME-NNN$"):
+        workshop.plan("a" * 28, "100", "now", "8", "1", lab)
+
+
+def test_the_sheet_and_the_readme_give_the_terminal_steps_beside_the_hubs(lab) -> None:
+    from pyhpc.admin import workshop_sheet as sheet
+
+    p = workshop.plan("dl", "1", "now", "1", "1", lab, partition="gpu")
+    rows = sheet.sheet_rows(p, {"dl-01": "pw"}, "login.lab", "https://login.lab:8000/")
+    terminal = ["1. ssh dl-01@login.lab",
+                "2. pyhpc train --partition gpu --nodes 1 --epochs 1 --out run1 --wait",
+                "3. pyhpc report run1"]
+    hub = ["1. open https://login.lab:8000/ and log in (the same user and password)",
+           "2. Start My Server (it starts in the reservation)",
+           "3. open workshop/01-hello-cluster.ipynb and run it"]
+    for text in (sheet.page(p, rows), sheet.readme(p, "dl-01", "login.lab",
+                                                   "https://login.lab:8000/")):
+        lines = [line.strip() for line in text.splitlines()]
+        start = lines.index("from a terminal:")
+        assert lines[start + 1:start + 8] == [*terminal, "from the hub:", *hub]
+    assert "pw" not in sheet.readme(p, "dl-01", "login.lab")
+    on_default = workshop.plan("dl", "1", "now", "1", "1", lab)
+    assert "pyhpc train --nodes 1" in sheet.readme(on_default, "dl-01", "login.lab")
