@@ -60,11 +60,11 @@ TABLE: tuple[Refusal, ...] = (
             "{association}"),
     Refusal("partition_time", ("PartitionTimeLimit",
                                "Requested time limit is invalid (missing or exceeds some limit)"),
-            "time: longer than partition {partition} allows (sinfo -p {partition} shows its "
-            "limit); ask for less (--time)"),
+            "time: longer than {part} allows ({sinfo} shows its limit); ask for less "
+            "(--time)"),
     Refusal("partition_nodes", ("PartitionNodeLimit", "Node count specification invalid"),
-            "nodes: more than partition {partition} gives one job (sinfo -p {partition} shows "
-            "its nodes); ask for fewer (--nodes)"),
+            "nodes: more than {part} gives one job ({sinfo} shows its nodes); ask for fewer "
+            "(--nodes)"),
     Refusal("reservation_gone", ("Requested reservation is invalid",),
             "reservation: Slurm has no reservation {reservation} now: it has ended, or was "
             "never made (scontrol show reservation lists yours)"),
@@ -75,8 +75,8 @@ TABLE: tuple[Refusal, ...] = (
             "reservation: {reservation} cannot run jobs now (it has not started, or its "
             "nodes are down: scontrol show reservation {reservation}); submit when it runs"),
     Refusal("no_nodes", ("Requested node configuration is not available",),
-            "the job asks for nodes that partition {partition}{inside} does not have "
-            "(sinfo -p {partition}); check --partition, --nodes and --gpus-per-node"),
+            "the job asks for nodes that {part}{inside} does not have ({sinfo}); check "
+            "--partition, --nodes and --gpus-per-node"),
 )
 
 
@@ -146,7 +146,7 @@ def explain(said: str, ctx: Context) -> str:
         return f"sbatch refused the job: {words}"
     reservation = ctx.choice.name or "(none)"
     line = row.line.format(
-        partition=ctx.partition or "(default)", reservation=reservation,
+        **_partition(ctx.partition), reservation=reservation,
         inside=f" in reservation {ctx.choice.name}" if ctx.choice.name else "",
         waiting=_waiting(ctx) if "{waiting}" in row.line else "",
         association=_association(ctx) if "{association}" in row.line else "")
@@ -159,6 +159,11 @@ def pending(reason: str, partition: str = "") -> str | None:
     row = find(reason)
     if row is None or "{association}" in row.line or "{waiting}" in row.line:
         return None
-    return row.line.format(partition=partition or "(its partition)",
-                           reservation="its reservation", inside="", waiting="",
-                           association="")
+    return row.line.format(**_partition(partition), reservation="its reservation", inside="",
+                           waiting="", association="")
+
+
+def _partition(name: str) -> dict[str, str]:
+    """How a line names the job's partition, and the sinfo that shows it."""
+    return ({"part": f"partition {name}", "sinfo": f"sinfo -p {name}"} if name else
+            {"part": "the job's partition", "sinfo": "sinfo"})

@@ -105,7 +105,19 @@ def test_a_job_that_can_never_start_gets_the_tables_line(reason: str, key: str) 
     row = refusals.find(reason)
     assert row is not None and row.key == key
     line = refusals.pending(reason, "cpu")
-    assert line is None if key == "reservation_required" else line.startswith(row.line[:20])
+    if key == "reservation_required":  # it needs the submission's context: the watch's own
+        assert line is None
+    else:
+        assert line is not None and "{" not in line and line.split(":")[0] in row.line
+
+
+def test_a_waiting_job_without_its_partition_names_none() -> None:
+    assert refusals.pending("PartitionTimeLimit") == (
+        "time: longer than the job's partition allows (sinfo shows its limit); ask for less "
+        "(--time)")
+    assert refusals.pending("PartitionNodeLimit", "gpu") == (
+        "nodes: more than partition gpu gives one job (sinfo -p gpu shows its nodes); ask for "
+        "fewer (--nodes)")
 
 
 # -- the reservation a submission runs in ---------------------------------------------------
