@@ -8,6 +8,10 @@ submitted, the script is pyhpc's (:mod:`pyhpc.hub.script`), and sbatch, squeue a
 scancel run through :mod:`pyhpc.slurm.as_user` (``sudo -n -u USER``, the forms the hub's
 sudo rule allows, no shell), never through batchspawner's shell commands.
 
+A server that reported its port gets no traffic until what answers there proves it knows
+the server's own token (:mod:`pyhpc.hub.proof`): batchspawner's server reports the port
+before it binds it, and another user may bind it in the gap.
+
 Importing this module also narrows batchspawner's callback (:class:`PortHandler`).
 Loaded by the hub's ``jupyterhub_config.py``, in the hub's own virtualenv.
 """
@@ -25,13 +29,20 @@ from traitlets import Integer, Unicode, default
 
 from pyhpc import cluster, paths
 from pyhpc.errors import PyhpcError
-from pyhpc.hub import choices, form, options, script
+from pyhpc.hub import choices, form, options, proof, script
 from pyhpc.hub.options import ServerRequest
 from pyhpc.slurm import as_user, slurm
 
 #: The callback's route (batchspawner registers it when imported).
 CALLBACK = r"/api/batchspawner"
 PORTS = (1024, 65535)
+#: The server's own options, before the hub's: a port another process holds ends the server
+#: (never a quiet move to another port), and the extension that answers the hub's proof.
+#: The singleuser extension is named again: a dict on the command line replaces the
+#: server's own (the others, JupyterLab's, are found in the environment's config).
+SERVER_ARGS = ("--ServerApp.port_retries=0",
+               "--ServerApp.jpserver_extensions=jupyterhub.singleuser.extension=True",
+               f"--ServerApp.jpserver_extensions={proof.EXTENSION}=True")
 
 
 def port_of(data: object) -> int | None:
@@ -61,6 +72,15 @@ class PortHandler(APIHandler):  # type: ignore[misc]  # jupyterhub ships no type
         spawner.port = port
         self.set_status(201)
         self.finish(json.dumps({"message": "port set"}))
+
+
+class Refused(web.HTTPError):
+    """A spawn refused in one line: the hub logs it without a traceback (an HTTPError) and
+    the spawn page shows ``jupyterhub_message``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(500, message.replace("%", "%%"))
+        self.jupyterhub_message = message
 
 
 def narrow_callback(handlers: list[tuple[Any, ...]]) -> None:
@@ -122,7 +142,7 @@ class PyhpcSlurmSpawner(SlurmSpawner):  # type: ignore[misc]  # batchspawner shi
         request = await self.checked(dict(self.user_options or {}))
         home = await asyncio.to_thread(script.home_of, user)
         command = [f"{self.venv}/bin/batchspawner-singleuser",
-                   f"{self.venv}/bin/jupyterhub-singleuser", *self.get_args()]
+                   f"{self.venv}/bin/jupyterhub-singleuser", *SERVER_ARGS, *self.get_args()]
         # Unique to this submission: where slurmctld does not answer sbatch in time, the
         # job it may have accepted all the same is found by it, not left running unseen.
         comment = f"pyhpc-hub-{secrets.token_hex(8)}"
@@ -140,6 +160,20 @@ class PyhpcSlurmSpawner(SlurmSpawner):  # type: ignore[misc]  # batchspawner shi
             self.log.warning("%s's notebook server: slurmctld accepted it: job %s", user, found)
         self.log.info("%s's notebook server is job %s (%s)", user, self.job_id, request)
         return str(self.job_id)
+
+    async def start(self) -> tuple[str, int]:
+        """batchspawner's start (the job runs, its server reported a port), then the proof
+        that what answers at that port is this server: only then does the proxy route
+        this user's requests there. A wrong answer cancels the job, in one line."""
+        ip, port = await super().start()
+        prefix = self.server.base_url if self.server else f"/user/{self.user.name}/"
+        try:
+            await asyncio.to_thread(proof.check, ip, port, self.user.name, prefix,
+                                    self.api_token, float(self.http_timeout))
+        except proof.ProofError as exc:  # the hub logs it, in one line (an HTTPError)
+            await self.cancel_batch_job()
+            raise Refused(str(exc)) from None
+        return ip, port
 
     async def query_job_status(self) -> JobStatus:
         if not self.job_id:

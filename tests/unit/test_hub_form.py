@@ -206,7 +206,11 @@ ENV = {"JUPYTERHUB_API_TOKEN": "0123456789abcdef", "JPY_API_TOKEN": "0123456789a
        "JUPYTERHUB_SERVICE_PREFIX": "/user/ws-01/",
        "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:0/user/ws-01/",
        "PATH": "/opt/pyhpc/hub/bin:/usr/bin", "HOME": "/var/lib/pyhpc-hub", "SHELL": "/bin/bash"}
-COMMAND = ["/opt/pyhpc/venv/bin/batchspawner-singleuser", "/opt/pyhpc/venv/bin/jupyterhub-singleuser"]
+#: As the spawner builds it (test_hub_loads renders the same golden file through it).
+COMMAND = ["/opt/pyhpc/venv/bin/batchspawner-singleuser", "/opt/pyhpc/venv/bin/jupyterhub-singleuser",
+           "--ServerApp.port_retries=0",
+           "--ServerApp.jpserver_extensions=jupyterhub.singleuser.extension=True",
+           "--ServerApp.jpserver_extensions=pyhpc.hub.proof=True"]
 
 
 def render(request: ServerRequest, lab: cluster.Cluster, env: dict[str, str] = ENV) -> str:

@@ -165,3 +165,32 @@ def test_a_spawn_through_the_api_is_checked_too(hub, slurm_as) -> None:
     with pytest.raises(HubError, match=r"^account: 'ws' is not yours; yours: lab, teaching$"):
         asyncio.run(spawner.submit_batch_script())
     assert submitted(slurm_as) == [] and "user2" in SLURM
+
+
+def test_a_server_that_does_not_prove_itself_is_refused_and_its_job_cancelled(
+        hub, monkeypatch) -> None:
+    """batchspawner's start reports a port where a squatter answers: the spawn fails in one
+    line (shown on the spawn page) and the job is cancelled, before any route is added."""
+    from batchspawner import SlurmSpawner
+    from test_hub_proof import Answers200, squatter
+
+    from pyhpc.hub.spawner import Refused
+
+    spawner = make_spawner(hub, "ws-01")
+    spawner.api_token = "f" * 32
+    cancelled: list[bool] = []
+
+    async def cancel() -> None:
+        cancelled.append(True)
+
+    monkeypatch.setattr(spawner, "cancel_batch_job", cancel)
+    with squatter(Answers200) as port:
+        async def started(self, where: tuple[str, int] = ("127.0.0.1", port)) -> tuple[str, int]:
+            return where
+
+        monkeypatch.setattr(SlurmSpawner, "start", started)
+        with pytest.raises(Refused) as refused:
+            asyncio.run(spawner.start())
+        message = refused.value.jupyterhub_message
+        assert message.startswith(f"ws-01's server at 127.0.0.1:{port} did not prove it is")
+        assert "\n" not in message and cancelled == [True]
