@@ -61,7 +61,9 @@ def hub() -> dict[str, Any]:
     converge("bookworm")
     where, ok, detail = json.loads(on("login", "/opt/pyhpc/venv/bin/python", "-c", HEALTH))
     assert ok, detail
-    return {"url": where, "resolve": {urlsplit(where).hostname: address("login")}}
+    name = urlsplit(where).hostname
+    # Each user's server is at <user>.<name> (the hub's subdomain_host).
+    return {"url": where, "resolve": {name: address("login"), f"*.{name}": address("login")}}
 
 
 @pytest.fixture(scope="module")

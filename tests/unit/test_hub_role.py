@@ -98,7 +98,7 @@ def test_the_lab_hub_listens_on_the_loopback_and_the_example_everywhere() -> Non
     lab, example = context("lab"), context("example")
     assert (lab["jupyterhub_bind_ip"], lab["jupyterhub_connect_host"]) == ("127.0.0.1", "127.0.0.1")
     assert (example["jupyterhub_bind_ip"], example["jupyterhub_connect_host"]) == ("", "login1")
-    assert lab["jupyterhub_tls_names"] == ["localhost", "labhost.example", "127.0.0.1"]
+    assert lab["jupyterhub_tls_names"] == ["localhost", "*.localhost", "labhost.example", "127.0.0.1"]
     assert example["jupyterhub_generated_tls"] is False and lab["jupyterhub_generated_tls"] is True
     assert lab["jupyterhub_cull_every_s"] == 300 and example["jupyterhub_cull_every_s"] == 300
 

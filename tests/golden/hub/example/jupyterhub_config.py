@@ -31,6 +31,15 @@ c.ConfigurableHTTPProxy.command = ["configurable-http-proxy"]
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:801"
 c.ConfigurableHTTPProxy.auth_token = secret("proxy-token")
 
+# Each user's server at its own origin, https://<user>.hub.example.org:8443/
+# (JupyterHub's guidance for users who do not trust each other): a page a user's server
+# serves cannot reach the hub's cookies, the hub's API or another user's server, and
+# the hub's cookies are __Host- ones, which no server of a subdomain can set for it.
+# Needs *.hub.example.org to reach this host (wildcard DNS; browsers resolve *.localhost
+# themselves) and a certificate that names it (the generated one does; an admin's own must).
+c.JupyterHub.subdomain_host = "https://hub.example.org:8443"
+c.JupyterHub.cookie_host_prefix_enabled = True
+
 # The hub's API, where each notebook server (a job on a compute node) calls back: a
 # privileged port, so no other user can answer the servers' token checks in its stead.
 c.JupyterHub.hub_bind_url = "http://0.0.0.0:881"
