@@ -260,7 +260,8 @@ def create(p: Plan, the_cluster: Cluster, out: Path) -> dict[str, Any]:
                        f"Organization={owner.ORGANIZATION}", f"Description={p.marker}",
                        f"QOS={p.name}", f"DefaultQOS={p.name}")
         done["account_added"] = True
-    missing = [n for n in p.participants if n not in _associated(the_cluster, p.name)]
+    have = set(_associated(the_cluster, p.name))  # one sacctmgr call, not one a participant
+    missing = [n for n in p.participants if n not in have]
     if missing:
         where = [] if not p.outside else [f"partition={p.partition}"]
         slurm.sacctmgr("add", "user", f"name={','.join(missing)}", f"account={p.name}",

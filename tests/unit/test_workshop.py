@@ -335,3 +335,15 @@ def test_the_sheet_and_the_readme_give_the_terminal_steps_beside_the_hubs(lab) -
     assert "pw" not in sheet.readme(p, "dl-01", "login.lab")
     on_default = workshop.plan("dl", "1", "now", "1", "1", lab)
     assert "pyhpc train --nodes 1" in sheet.readme(on_default, "dl-01", "login.lab")
+
+
+def test_create_asks_slurm_the_same_few_questions_for_200_participants_as_for_2(
+        state, lab, tmp_path: Path, fake_slurm) -> None:
+    """A day-one workshop: Slurm's calls do not grow with the participants (one sacctmgr
+    call a participant made a second create of 200 take 38 s on the lab)."""
+    counts = []
+    for name, count in (("small", "2"), ("big", "200")):
+        fake_slurm.calls.clear()
+        workshop.create(workshop.plan(name, count, "now", "1", "1", lab), lab, tmp_path / name)
+        counts.append(len(fake_slurm.calls))
+    assert counts[0] == counts[1] and counts[1] < 15, counts
