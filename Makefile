@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
+.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-workshop bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -119,6 +119,9 @@ bench-monitoring: venv lab-up ## Benchmark monitoring: training samples/s with a
 
 bench-hub: venv lab-up ## Benchmark the hub: twenty participants start their servers at once; time until all run, the hub's memory (~10 min; redeploys the lab).
 	$(PY) -m benchmarks.hub
+
+bench-workshop: venv lab-up ## Benchmark a day-one workshop: workshop create (and again) and delete of 200 participants, directory and accounting real (~3 min).
+	$(PY) -m benchmarks.workshop
 
 bench-gpu: ## On a machine whose torch sees a GPU (not the lab): pyhpc bench, training fp32/bf16 vs its CPUs, the health check, NVML (~3 min; docs/benchmarks.md).
 	$(PYTHON) -m benchmarks.gpu --out benchmarks/results
