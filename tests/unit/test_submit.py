@@ -107,7 +107,8 @@ def test_submit_script_checks_the_spec_and_the_file(fake_sbatch: Path, lab: clus
     assert not fake_sbatch.exists()
     job = submit_script("ok.sh", JobSpec(nodes=2), cluster=lab)
     assert fake_sbatch.read_text().split() == [
-        "scontrol", "show", "reservation", "-o", "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu",
+        "scontrol", "show", "reservation", "-o",
+        "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu",
         "--time=00:10:00", "--", "ok.sh"]
     assert job.job_id == "4243"
 
