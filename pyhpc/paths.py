@@ -1,14 +1,41 @@
-"""Where pyhpc finds its templates and the cluster definition."""
+"""Where pyhpc finds what it ships (job templates, the container spec, workshop notebooks)
+and the cluster definition.
+
+The repository's top-level slurm/, containers/ and workshops/ are the one source. A wheel
+carries them as pyhpc/_data/ (setup.py copies them at build time); a checkout, an editable
+install of it (``make venv``, the lab's /opt/pyhpc/src) and ``python -m pyhpc`` from it
+read the checkout's own folders.
+"""
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
-#: Repository root (or the shared install on a login node: /opt/pyhpc/src).
+#: The package's parent: the repository root in a checkout (on a login node, the shared
+#: copy /opt/pyhpc/src); site-packages for an installed wheel, which holds no repository.
 ROOT = Path(__file__).resolve().parent.parent
-SLURM_ETC = ROOT / "slurm" / "etc"
-SLURM_JOBS = ROOT / "slurm" / "jobs"
-CONTAINERS = ROOT / "containers"
+
+
+def _shipped() -> Path:
+    """The folder that holds slurm/, containers/ and workshops/: the installed package's
+    _data/ where a wheel put it, else the checkout's top level."""
+    packaged = resources.files("pyhpc") / "_data"
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return ROOT
+
+
+#: The folder of the shipped data (see the module's docstring).
+SHIPPED = _shipped()
+#: slurm.conf and the other Slurm configuration templates (the slurm role renders them).
+SLURM_ETC = SHIPPED / "slurm" / "etc"
+#: The batch-job templates (``pyhpc render``, ``pyhpc submit``).
+SLURM_JOBS = SHIPPED / "slurm" / "jobs"
+#: containers/spec.yml and the image templates (``pyhpc containers``).
+CONTAINERS = SHIPPED / "containers"
+#: The notebooks a workshop participant gets in ~/workshop.
+WORKSHOPS = SHIPPED / "workshops"
 #: The shared install on every node (the login role): the runtime venv and this source.
 SHARED_VENV = Path("/opt/pyhpc/venv")
 SHARED_SRC = Path("/opt/pyhpc/src")

@@ -22,7 +22,7 @@ from pyhpc.admin import directory
 ROOT = Path(directory.HOME)
 SKEL = Path("/etc/skel")
 #: The notebooks a participant gets, and where in their home.
-NOTEBOOKS = paths.ROOT / "workshops"
+NOTEBOOKS = paths.WORKSHOPS
 WORKSHOP_DIR = "workshop"
 #: How a path is handed over (never through a link). Tests replace it.
 CHOWN = os.lchown

@@ -13,8 +13,8 @@ BIN = Path(sys.executable).parent
 
 def test_ruff_is_clean_on_the_package_benchmarks_hostlab_tests_and_ansibles_python() -> None:
     proc = subprocess.run([str(BIN / "ruff"), "check", "pyhpc", "benchmarks", "hostlab", "requirements",
-                           "tests", "ansible/roles/containers/files", "ansible/collections"], cwd=paths.ROOT,
-                          capture_output=True, text=True)
+                           "tests", "ansible/roles/containers/files", "ansible/collections", "setup.py"],
+                          cwd=paths.ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
