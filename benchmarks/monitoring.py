@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import ssl
 import statistics
 import subprocess
 import sys
@@ -101,9 +102,16 @@ def ports() -> dict[str, int]:
             "jobs": mon.job_exporter_port}
 
 
+#: The exporters answer over TLS to Prometheus' client certificate only (root reads its key).
+TLS = Path("/etc/pyhpc/monitoring")
+
+
 def scrape(port: int) -> tuple[float, str]:
+    context = ssl.create_default_context(cafile=str(TLS / "ca.crt"))
+    context.load_cert_chain(str(TLS / "monitoring.crt"), str(TLS / "prometheus.key"))
     start = time.perf_counter()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as answer:
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=60,
+                                context=context) as answer:
         body = answer.read().decode()
     return time.perf_counter() - start, body
 

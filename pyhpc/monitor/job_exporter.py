@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         nodes = local_nodes(args.node, args.nodes_file)
         collector = JobCollector(nodes, gres_conf=Path(args.gres_conf))
-        serve.serve(serve.Serialised(collector.collect), args.listen)
+        serve.serve(serve.Serialised(collector.collect), args.listen, serve.tls_files(args))
 
     return serve.run_main("pyhpc.monitor.job_exporter", body)
 

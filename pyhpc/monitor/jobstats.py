@@ -3,7 +3,9 @@
 From accounting (one sacct call: TotalCPU, elapsed time, CPUs, the steps' MaxRSS, ReqMem,
 AllocTRES, state), plus the GPU and cgroup figures the job exporter sampled while it ran:
 from the summary ``pyhpc-jobstats-record`` stored at the job's end (:mod:`record`) where
-that is readable, else from Prometheus where one is configured, else none (null). Any
+that is readable, else from Prometheus where one is configured, else none (null). Prometheus
+answers admins only: a user's own job's figures come through ``pyhpc-jobstats-query``
+(:mod:`pyhpc.monitor.own_query`, run by sudo), which shows no one another's. Any
 job works, submitted by pyhpc or not. A user sees only their own jobs: Slurm's
 ``PrivateData=jobs`` hides others' from sacct, and a job sacct shows that belongs to
 someone else is refused here too (root excepted).
@@ -14,6 +16,7 @@ import math
 import os
 import pwd
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +24,7 @@ from typing import Any
 
 from pyhpc import validate
 from pyhpc.errors import PyhpcError
-from pyhpc.monitor import hints, prometheus, record
+from pyhpc.monitor import hints, own_query, prometheus, record
 from pyhpc.slurm import slurm
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -161,10 +164,31 @@ def gpu_and_memory(job: Accounting, sources: Sources,
         return stored.gpu, stored.host_mem_peak_bytes, "record"
     if sources.prometheus_url and job.start is not None:
         end = job.end if job.end is not None else time.time()
+        if prometheus.credentials() is None and Path(own_query.PROGRAM).exists():
+            return (*through_sudo(job, job.start, end), "prometheus")
         return (prometheus.gpu_figures(sources.prometheus_url, job.job_id_raw, job.start, end),
                 prometheus.host_memory_peak(sources.prometheus_url, job.job_id_raw, job.start,
                                             end), "prometheus")
     return None, None, "none"
+
+
+def through_sudo(job: Accounting, start: float, end: float,
+                 ) -> tuple[prometheus.GpuFigures | None, int | None]:
+    """The caller's own job's figures from ``pyhpc-jobstats-query`` (sudo's rule runs it as
+    the monitoring user, who may ask Prometheus; it answers only for the caller's jobs)."""
+    argv = ["sudo", "-n", "-u", own_query.RUN_AS, own_query.PROGRAM, job.job_id_raw,
+            str(int(start)), str(max(int(start), math.ceil(end)))]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False,
+                              timeout=3 * prometheus.TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise JobstatsError(f"pyhpc-jobstats-query: did not answer ({exc})", "prometheus") \
+            from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise JobstatsError(why[:300], "prometheus")
+    return own_query.parse(validate.read_json("pyhpc-jobstats-query", proc.stdout,
+                                              JobstatsError))
 
 
 def summary(job: Accounting, sources: Sources) -> dict[str, Any]:

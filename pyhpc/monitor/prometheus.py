@@ -4,12 +4,20 @@ of the cluster report.
 
 Where no Prometheus is configured, or it does not answer, there are no figures: None,
 never a guess. The URL comes from ``--prometheus`` or ``$PYHPC_PROMETHEUS_URL``.
+
+The monitoring role's Prometheus answers over TLS, to a name and password only
+(:data:`CA_ENV`, :data:`USER_ENV`, :data:`PASSWORD_ENV`; without them the CA at
+:data:`CA_FILE` and the admins' password at :data:`ADMIN_PASSWORD`, where this user can
+read it: root's). Users reach their own jobs' figures through ``pyhpc-jobstats-query``
+(:mod:`pyhpc.monitor.own_query`), never Prometheus itself.
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,6 +29,11 @@ from pyhpc.errors import PyhpcError
 from pyhpc.monitor.hints import USED_GPU_UTIL
 
 ENV = "PYHPC_PROMETHEUS_URL"
+CA_ENV, USER_ENV, PASSWORD_ENV = ("PYHPC_PROMETHEUS_CA", "PYHPC_PROMETHEUS_USER",
+                                  "PYHPC_PROMETHEUS_PASSWORD_FILE")
+#: The monitoring role's CA (public) and the admins' password (root's alone).
+CA_FILE = "/etc/pyhpc/monitoring/ca.crt"
+ADMIN_USER, ADMIN_PASSWORD = "admin", "/etc/pyhpc/secrets/prometheus-admin.password"
 TIMEOUT_S = 10.0
 #: Largest answer read (a job's series: a few per GPU).
 MAX_BYTES = 4 << 20
@@ -54,13 +67,46 @@ def url(given: str | None) -> str | None:
     return checked
 
 
+def credentials() -> tuple[str, str] | None:
+    """(name, password) for Prometheus' basic auth: ``$PYHPC_PROMETHEUS_USER`` and the
+    first line of ``$PYHPC_PROMETHEUS_PASSWORD_FILE``, else the admins' where readable."""
+    name = os.environ.get(USER_ENV) or ADMIN_USER
+    path = os.environ.get(PASSWORD_ENV) or ADMIN_PASSWORD
+    try:
+        with open(path, encoding="utf-8") as fh:
+            password = fh.readline(256).strip()
+    except OSError:
+        return None
+    return (name, password) if password else None
+
+
+def request(address: str) -> tuple[urllib.request.Request, ssl.SSLContext | None]:
+    """The request, with basic auth where there is a password, and the TLS context that
+    trusts the monitoring CA (where one is installed; else the system's)."""
+    req = urllib.request.Request(address)
+    found = credentials()
+    if found is not None:
+        token = base64.b64encode(f"{found[0]}:{found[1]}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    if not address.startswith("https:"):
+        return req, None
+    ca = os.environ.get(CA_ENV) or CA_FILE
+    return req, ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
+
+
 def _get(base: str, api: str, params: dict[str, str]) -> list[Any]:
     """One call of the query API (``query`` or ``query_range``): its ``data.result``."""
     address = f"{base}/api/v1/{api}?" + urllib.parse.urlencode(params)
     try:
+        req, context = request(address)
         # http(s) only: url() checked the scheme.
-        with urllib.request.urlopen(address, timeout=TIMEOUT_S) as answer:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=context) as answer:
             body = answer.read(MAX_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        why = ("it answers admins and pyhpc's own services only" if exc.code in (401, 403)
+               else exc.reason)
+        raise PrometheusError(f"prometheus: {base} refused the query ({exc.code}: {why})",
+                              "prometheus") from None
     except (urllib.error.URLError, OSError) as exc:
         raise PrometheusError(f"prometheus: {base} did not answer ({exc})",
                               "prometheus") from None
@@ -105,13 +151,23 @@ def _window(start: float, end: float) -> str:
     return f"{max(60, math.ceil(end - start))}s"
 
 
-def gpu_figures(base: str, job_id_raw: str, start: float, end: float) -> GpuFigures | None:
+def selector(job_id_raw: str, user: str | None = None) -> str:
+    """The series of one job; with ``user``, only those the exporter labelled with that
+    owner (``pyhpc-jobstats-query`` never shows a user another's)."""
+    sel = f'jobid="{validate.name("job", job_id_raw, "job_id")}"'
+    if user is not None:
+        sel += f',user="{validate.name("user", user, "user")}"'
+    return "{" + sel + "}"
+
+
+def gpu_figures(base: str, job_id_raw: str, start: float, end: float,
+                user: str | None = None) -> GpuFigures | None:
     """The job's GPU figures between ``start`` and ``end`` (epoch seconds); None if the
     exporter recorded no GPU sample of it (a CPU job, or stand-ins without a driver)."""
     def values(function: str, metric: str) -> list[float]:
         return [v for _, v in query(base, f"{function}({metric}{sel}[{window}])", end)]
 
-    sel = f'{{jobid="{validate.name("job", job_id_raw, "job_id")}"}}'
+    sel = selector(job_id_raw, user)
     window = _window(start, end)
     means = values("avg_over_time", "pyhpc_gpu_utilization_ratio")
     if not means:
@@ -123,9 +179,10 @@ def gpu_figures(base: str, job_id_raw: str, start: float, end: float) -> GpuFigu
                       used=sum(1 for m in means if m >= USED_GPU_UTIL))
 
 
-def host_memory_peak(base: str, job_id_raw: str, start: float, end: float) -> int | None:
+def host_memory_peak(base: str, job_id_raw: str, start: float, end: float,
+                     user: str | None = None) -> int | None:
     """The largest peak memory of the job's cgroup on any of its nodes, per the exporter."""
-    sel = f'{{jobid="{validate.name("job", job_id_raw, "job_id")}"}}'
+    sel = selector(job_id_raw, user)
     window = _window(start, end)
     peaks = query(base, f"max_over_time(pyhpc_job_memory_peak_bytes{sel}[{window}])", end)
     return int(max(v for _, v in peaks)) if peaks else None

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = serve.parser("python -m pyhpc.monitor.slurm_exporter", __doc__ or "").parse_args(argv)
     collector = serve.Serialised(SlurmCollector().collect)
     return serve.run_main("pyhpc.monitor.slurm_exporter",
-                          lambda: serve.serve(collector, args.listen))
+                          lambda: serve.serve(collector, args.listen, serve.tls_files(args)))
 
 
 if __name__ == "__main__":
