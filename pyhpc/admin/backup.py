@@ -205,8 +205,10 @@ def metrics_text(entry: store.Entry) -> str:
                    for k in METRICS)
 
 
-def write_metrics(entry: store.Entry, folder: Path = TEXTFILE_DIR) -> None:
-    """Where node_exporter's textfile collector is, tell it the newest good backup."""
+def write_metrics(entry: store.Entry, folder: Path | None = None) -> None:
+    """Where node_exporter's textfile collector is (``folder``, default
+    :data:`TEXTFILE_DIR`), tell it the newest good backup."""
+    folder = TEXTFILE_DIR if folder is None else folder
     if folder.is_dir() and not folder.is_symlink():
         files.write_text(folder / METRICS_FILE, metrics_text(entry), "backup",
                          mode=0o644)

@@ -3,6 +3,8 @@ listing and pruning (pyhpc.cluster_backup, pyhpc.admin.backup_store and the metr
 from __future__ import annotations
 
 import copy
+import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -256,3 +258,74 @@ def test_the_alert_fires_past_twice_the_interval_counting_from_the_deploy_until_
     proc = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path,
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """backup.now on this machine without MariaDB or slapd: one part, the lock and the
+    textfile directory under tmp_path, the host named db; returns the backup root."""
+    if os.geteuid() != 0:
+        pytest.skip("backups are root's (backup.now refuses other users): run as root")
+    tmp_path.chmod(0o700)
+    (tmp_path / "textfile").mkdir()
+    monkeypatch.setattr(backup, "LOCK", tmp_path / "lock")
+    monkeypatch.setattr(backup, "TEXTFILE_DIR", tmp_path / "textfile")
+    monkeypatch.setattr(backup, "_host", lambda: "db")
+    monkeypatch.setattr(backup, "_parts", lambda cluster: {
+        "files.tar.gz": lambda out: out.write(b"state")})
+    return tmp_path / "backups"
+
+
+def lab_with(root: Path, keep: int = 7) -> cluster.Cluster:
+    """The lab with backups under ``root`` (a tmp_path the validator would refuse: these
+    tests are of backup.now, the validator's are above)."""
+    return dataclasses.replace(cluster.parse(LAB, ram_mb=1 << 20),
+                               backup=cluster.Backup(path=str(root), keep=keep))
+
+
+def test_now_writes_private_parts_a_manifest_and_the_metric(here: Path) -> None:
+    done = backup.now(lab_with(here))
+    folder = here / done["name"]
+    assert done["parts"] == {"files.tar.gz": 5} and done["pruned"] == []
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["files.tar.gz", backup_store.MARKER, backup_store.MANIFEST])
+    for path in [here, folder, *folder.iterdir()]:
+        assert oct(os.lstat(path).st_mode & 0o777) == ("0o700" if path.is_dir() else "0o600")
+    assert backup_store.check(folder) == ""
+    assert "pyhpc_backup_last_size_bytes" in (here.parent / "textfile" /
+                                              backup.METRICS_FILE).read_text()
+    skipped = backup.now(lab_with(here), if_due=True)
+    assert skipped["name"] == done["name"] and skipped["skipped"].startswith("not due")
+
+
+def test_now_prunes_beyond_keep(here: Path) -> None:
+    here.mkdir(mode=0o700)
+    old = [make(here, "db", T0 + timedelta(hours=h)) for h in range(3)]
+    done = backup.now(lab_with(here, keep=2))
+    assert done["pruned"] == [old[0].name, old[1].name]
+    assert sorted(p.name for p in here.iterdir()) == [old[2].name, done["name"]]
+
+
+def test_a_full_disk_is_one_line_and_keeps_nothing(here: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(out: Any) -> None:
+        out.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(backup, "_parts", lambda cluster: {"files.tar.gz": full})
+    with pytest.raises(backup_store.BackupError) as caught:
+        backup.now(lab_with(here))
+    assert str(caught.value).startswith("backup: cannot write ")
+    assert str(caught.value).endswith("(No space left on device); nothing was kept")
+    assert list(here.iterdir()) == []
+    assert not (here.parent / "textfile" / backup.METRICS_FILE).exists()
+
+
+def test_a_link_at_the_path_is_refused(here: Path, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    here.symlink_to(target)
+    with pytest.raises(backup_store.BackupError, match="is a symbolic link; name the "
+                       "directory itself"):
+        backup.now(lab_with(here))
+    assert list(target.iterdir()) == []
