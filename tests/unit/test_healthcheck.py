@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_slurm_templates import context, render
+from test_slurm_templates import context, render, role_source
 
 from pyhpc import paths
 from pyhpc.admin import healthcheck
@@ -42,8 +42,7 @@ class Node:
         ctx.update(slurm_lab_gpu_dir=str(tmp / "gpus"), slurm_spool_dir=str(tmp / "spool"),
                    slurm_log_dir=str(tmp / "log"), **settings)
         self.script = tmp / "pyhpc-healthcheck"
-        shutil.copyfile(paths.ROOT / "ansible" / "roles" / "slurm" / "files" / "pyhpc-healthcheck",
-                        self.script)
+        shutil.copyfile(role_source("slurm_healthcheck_source"), self.script)
         self.config = tmp / "pyhpc-healthcheck.json"
         self.config.write_text(render("pyhpc-healthcheck.json", ctx))
         self.bin = tmp / "bin"
@@ -218,8 +217,8 @@ def test_nvml_node_counts_gpus_with_nvidia_smi(tmp_path: Path) -> None:
 
 
 def test_installed_program_is_the_module_and_reads_the_roles_settings_by_default() -> None:
-    installed = paths.ROOT / "ansible" / "roles" / "slurm" / "files" / "pyhpc-healthcheck"
-    assert installed.resolve() == Path(healthcheck.__file__).resolve()
+    installed = role_source("slurm_healthcheck_source")
+    assert installed == Path(healthcheck.__file__).resolve() == paths.ROOT / "pyhpc/admin/healthcheck.py"
     assert healthcheck.CONFIG == "/etc/slurm/pyhpc-healthcheck.json"
     assert installed.read_text().startswith("#!/usr/bin/python3 -I\n")
 

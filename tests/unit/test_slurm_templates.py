@@ -6,6 +6,8 @@ normalised cluster definition, as the slurm role renders them on a host.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -14,8 +16,21 @@ import yaml
 
 from pyhpc import cluster, paths
 
-TEMPLATES = paths.ROOT / "slurm" / "etc"
-DEFAULTS = paths.ROOT / "ansible" / "roles" / "slurm" / "defaults" / "main.yml"
+ROLE = paths.ROOT / "ansible" / "roles" / "slurm"
+DEFAULTS = ROLE / "defaults" / "main.yml"
+
+
+def role_source(key: str) -> Path:
+    """A path default of the slurm role that names a file of the repository, resolved as
+    Ansible does in the role (role_path: the role's directory)."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["dirname"] = os.path.dirname
+    text = yaml.safe_load(DEFAULTS.read_text())[key]
+    return Path(env.from_string(text).render(role_path=str(ROLE)))
+
+
+#: The role's templates, as it finds them: slurm/etc.
+TEMPLATES = role_source("slurm_templates_dir")
 INVENTORIES = paths.ROOT / "ansible" / "inventories"
 FILES = ["slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf", "pyhpc-healthcheck.json"]
 #: Host facts the role would take from the inventory, fixed here for determinism.
@@ -60,6 +75,13 @@ def render(name: str, ctx: dict[str, Any]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     return env.get_template(f"{name}.j2").render(**ctx)
+
+
+def test_the_role_renders_the_repositorys_slurm_etc_through_no_link() -> None:
+    assert TEMPLATES == paths.ROOT / "slurm" / "etc" == paths.SLURM_ETC
+    assert sorted(p.name for p in TEMPLATES.iterdir()) == sorted(f"{name}.j2" for name in FILES)
+    links = [str(p) for p in ROLE.rglob("*") if p.is_symlink()]
+    assert links == []
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
