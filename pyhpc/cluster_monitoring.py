@@ -3,8 +3,9 @@ monitoring role: Prometheus, node_exporter, pyhpc's exporters, the job-end recor
 
 Parsed here, validated before any host changes, re-exported by :mod:`pyhpc.cluster`.
 Where everything listens is one policy for the whole cluster, never every interface:
-``loopback`` (the lab, one host), ``default`` (each host's default-route address) or a
-network in CIDR form (each host's one address in it).
+``loopback`` (the lab, one host) or, on hosts, the cluster network in CIDR form (each
+host's one address in it). Never the default-route address: on a login host that is the
+public one, and Prometheus' series name every job's user and account.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from pyhpc.schema import ConfigError, boolean, check_keys, integer
 MONITORING_KEYS = {
     "enabled": "true (default) or false: Prometheus, node_exporter and pyhpc's exporters",
     "listen": "where Prometheus and the exporters listen: loopback (mode lab, the only choice "
-              "there), default (each host's default-route address; mode hosts' default) or a "
-              "network such as 10.0.0.0/16 (each host's one address in it)",
+              "there) or, with mode hosts (required there), the cluster network such as "
+              "10.0.0.0/16 (each host's one address in it)",
     "prometheus_port": "Prometheus' port (default 9090)",
     "node_exporter_port": "node_exporter's port on every host (default 9100)",
     "slurm_exporter_port": "pyhpc's Slurm exporter's port (default 9810)",
@@ -33,7 +34,6 @@ MONITORING_KEYS = {
     "job_records": "true (default): slurmctld stores each job's summary when it ends "
                    "(EpilogSlurmctld, a Python start per job)",
 }
-LISTEN_WORDS = ("loopback", "default")
 PORTS = ("prometheus_port", "node_exporter_port", "slurm_exporter_port", "job_exporter_port",
          "alertmanager_port")
 BOUNDS: dict[str, tuple[int, int]] = dict.fromkeys(PORTS, (1024, 65535))
@@ -79,28 +79,31 @@ def duration(where: str, value: Any) -> str:
     return str(value)
 
 
-def listen(value: Any, mode: str) -> str:
-    """The listen policy: ``loopback`` in the lab, ``default`` or a network on hosts."""
+def listen(value: Any, mode: str, enabled: bool = True) -> str:
+    """The listen policy: ``loopback`` in the lab, the cluster network on hosts."""
     where = "monitoring.listen"
     if value == "loopback" or (mode == "lab" and value is None):
         if mode == "hosts":
             raise ConfigError(f"{where}: loopback is for mode lab; on hosts Prometheus scrapes "
-                              "every host over the network: use default or a network in CIDR "
+                              "every host over the network: name the cluster network in CIDR "
                               "form (e.g. 10.0.0.0/16)")
         return "loopback"
     if mode == "lab":
         raise ConfigError(f"{where}: mode lab runs Prometheus and every exporter on this one "
                           f"host: only loopback (127.0.0.1), got {echo(value)}")
+    if value is None and not enabled:
+        return ""
     if value is None or value == "default":
-        return "default"
+        raise ConfigError(f"{where}: mode hosts needs the cluster network in CIDR form (e.g. "
+                          "10.0.0.0/16): each host's address in it, never the default-route "
+                          "one, which is public on a login host")
     try:
         network = ipaddress.ip_network(value, strict=True) if isinstance(value, str) else None
     except ValueError:
         network = None
     if network is None or "/" not in str(value):
-        raise ConfigError(f"{where}: {echo(value)} is not allowed; use "
-                          f"{', '.join(LISTEN_WORDS)} or a network in CIDR form "
-                          "(e.g. 10.0.0.0/16)")
+        raise ConfigError(f"{where}: {echo(value)} is not allowed; name the cluster "
+                          "network in CIDR form (e.g. 10.0.0.0/16)")
     if network.prefixlen == 0 or network.is_loopback or network.is_unspecified:
         raise ConfigError(f"{where}: {value} would take every address or only loopback; name "
                           "the cluster network (e.g. 10.0.0.0/16)")
@@ -133,9 +136,10 @@ def parse_monitoring(data: Any, mode: str, lab_ports: range) -> Monitoring:
     check_keys("monitoring", data, MONITORING_KEYS, ())
     alertmanager = boolean("monitoring.alertmanager", data.get("alertmanager", False))
     alert_for = data.get("alert_for")
+    enabled = boolean("monitoring.enabled", data.get("enabled", True))
     return Monitoring(
-        enabled=boolean("monitoring.enabled", data.get("enabled", True)),
-        listen=listen(data.get("listen"), mode),
+        enabled=enabled,
+        listen=listen(data.get("listen"), mode, enabled),
         alertmanager=alertmanager,
         retention=duration("monitoring.retention", data.get("retention", "15d")),
         scrape_interval=duration("monitoring.scrape_interval",

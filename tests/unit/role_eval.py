@@ -58,7 +58,10 @@ class Host:
         self.vars: dict[str, Any] = {
             **role_files(), "monitoring_cluster": definition, "inventory_hostname": name,
             "groups": {**groups, "all": every}, "ansible_facts": facts[name],
-            "ansible_service_mgr": "sysvinit" if sysv else "systemd", **extra}
+            "ansible_service_mgr": "sysvinit" if sysv else "systemd",
+            # address.yml's picker: this host's one address in the definition's network.
+            "monitoring_network_address": {"stdout": facts[name]["default_ipv4"]["address"]},
+            **extra}
         self.templar = Templar(loader=DataLoader(), variables=self.vars)
 
     def get(self, expr: str) -> Any:

@@ -29,10 +29,10 @@ def parse(path: Any, **monitoring: Any) -> Monitoring:
 
 def test_absent_section_is_on_with_the_usual_ports_and_per_mode_listen() -> None:
     hosts = definition(EXAMPLE)
-    hosts.pop("monitoring", None)
+    hosts["monitoring"] = {"listen": "10.0.0.0/16"}
     lab = definition(LAB)
     lab.pop("monitoring")
-    assert cluster.parse(hosts).monitoring == Monitoring(listen="default")
+    assert cluster.parse(hosts).monitoring == Monitoring(listen="10.0.0.0/16")
     assert cluster.parse(lab, LAB_RAM_MB).monitoring == Monitoring(listen="loopback")
     got = cluster.parse(hosts).monitoring
     assert (got.prometheus_port, got.node_exporter_port, got.slurm_exporter_port,
@@ -70,8 +70,13 @@ BAD = [
     (LAB, {"listen": "default"}, "monitoring.listen: mode lab runs Prometheus and every exporter "
                                  "on this one host: only loopback (127.0.0.1), got 'default'"),
     (LAB, {"listen": "0.0.0.0/0"}, "monitoring.listen: mode lab runs Prometheus"),
-    (EXAMPLE, {"listen": "0.0.0.0"}, "monitoring.listen: '0.0.0.0' is not allowed; use loopback, "
-                                     "default or a network in CIDR form"),
+    # Issue 51 item 6: never the default-route address (public on a login host).
+    (EXAMPLE, {"listen": None}, "monitoring.listen: mode hosts needs the cluster network in "
+                                "CIDR form (e.g. 10.0.0.0/16): each host's address in it, never "
+                                "the default-route one"),
+    (EXAMPLE, {"listen": "default"}, "monitoring.listen: mode hosts needs the cluster network"),
+    (EXAMPLE, {"listen": "0.0.0.0"}, "monitoring.listen: '0.0.0.0' is not allowed; name the "
+                                     "cluster network in CIDR form"),
     (EXAMPLE, {"listen": "::"}, "monitoring.listen: '::' is not allowed"),
     (EXAMPLE, {"listen": "eth0"}, "monitoring.listen: 'eth0' is not allowed"),
     (EXAMPLE, {"listen": "10.0.0.1/16"}, "monitoring.listen: '10.0.0.1/16' is not allowed"),

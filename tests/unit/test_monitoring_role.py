@@ -9,9 +9,13 @@ library.
 from __future__ import annotations
 
 import ast
+import ctypes
 import json
+import os
+import pwd
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +38,9 @@ ADDRESSES = {"ctl": "10.89.77.10", "db": "10.89.77.11", "login": "10.89.77.12",
 
 
 EVAL = Path(__file__).with_name("role_eval.py")
+#: pyhpc's exporters answer over TLS, to Prometheus' client certificate only.
+TLS_ARGS = ["--tls-cert", "/etc/pyhpc/monitoring/monitoring.crt", "--tls-key",
+            "/etc/pyhpc/monitoring/exporter.key", "--client-ca", "/etc/pyhpc/monitoring/ca.crt"]
 
 
 class Roles:
@@ -120,13 +127,14 @@ def test_the_lab_runs_everything_on_its_one_host_on_127_0_0_1(lab: Roles) -> Non
                                       "monitoring_own_services")))
     assert enable == {"server": True, "alertmanager": False, "slurm_exporter": True,
                       "job_exporter": True, "record": True, "login": True}
-    assert address == "127.0.0.1" and url.strip() == "http://127.0.0.1:9090"
+    assert address == "127.0.0.1" and url.strip() == "https://127.0.0.1:9090"
     assert {job: [t["address"] for t in found] for job, found in targets.items()} == {
         "prometheus": ["127.0.0.1:9090"], "alertmanager": [], "node": ["127.0.0.1:9100"],
         "slurm": ["127.0.0.1:9810"], "jobs": ["127.0.0.1:9811"]}
     # One job exporter covers every emulated node; the node list's digest is in its service.
     job = next(s for s in own if s["name"] == "pyhpc-job-exporter")
-    assert job["args"] == ["--listen", "127.0.0.1:9811", "--nodes-file", "/etc/slurm/lab-nodes"]
+    assert job["args"] == ["--listen", "127.0.0.1:9811", *TLS_ARGS,
+                           "--nodes-file", "/etc/slurm/lab-nodes"]
     assert re.fullmatch(r"[0-9a-f]{40}", job["nodes_digest"])
 
 
@@ -138,13 +146,13 @@ def test_hostlab_hosts_each_run_their_part_on_their_own_address(hostlab: Roles) 
     assert [n for n, o in own.items() if "pyhpc-slurm-exporter" in str(o)] == ["login"]
     assert [n for n, o in own.items() if "pyhpc-job-exporter" in str(o)] == ["cpu1", "gpu1", "gpu2"]
     gpu1 = next(s for s in own["gpu1"] if s["name"] == "pyhpc-job-exporter")
-    assert gpu1["args"] == ["--listen", "10.89.77.14:9811", "--node", "gpu1"]
+    assert gpu1["args"] == ["--listen", "10.89.77.14:9811", *TLS_ARGS, "--node", "gpu1"]
     targets, url = hostlab.ask(E("ctl", "monitoring_scrape_targets"),
                                E("login", "monitoring_prometheus_url"))
     assert [(t["instance"], t["address"]) for t in targets["node"]] == [
         (n, f"{ADDRESSES[n]}:9100") for n in sorted(ADDRESSES)]
     assert [t["address"] for t in targets["slurm"]] == ["10.89.77.12:9810"]
-    assert url.strip() == "http://10.89.77.10:9090"
+    assert url.strip() == "https://10.89.77.10:9090"
 
 
 def test_a_monitor_host_takes_prometheus_from_the_controller() -> None:
@@ -186,11 +194,18 @@ def test_the_network_picker_finds_the_one_address_in_the_cidr(hostlab: Roles) ->
 
 
 def rendered_prometheus(roles: Roles, server: str, tmp_path: Path) -> Path:
-    """The server's rules and configuration, the configuration naming these rules."""
+    """The server's rules and configuration, the configuration naming these rules, and the
+    TLS files (empty: promtool checks that they exist) in ``tmp_path``."""
     rules, config = tmp_path / "pyhpc-rules.yml", tmp_path / "prometheus.yml"
+    tls = {var: str(tmp_path / name) for var, name in (
+        ("monitoring_ca_cert", "ca.crt"), ("monitoring_cert", "monitoring.crt"),
+        ("monitoring_prometheus_key", "prometheus.key"), ("monitoring_tls_dir", "."))}
+    for name in ("ca.crt", "monitoring.crt", "prometheus.key", "prometheus.password"):
+        (tmp_path / name).write_text("")
+    tls["monitoring_tls_dir"] = str(tmp_path)
     texts = roles.ask(T(server, "etc/prometheus/pyhpc-rules.yml.j2"),
                       T(server, "etc/prometheus/prometheus.yml.j2",
-                        monitoring_prometheus_rules=str(rules)))
+                        monitoring_prometheus_rules=str(rules), **tls))
     rules.write_text(texts[0])
     config.write_text(texts[1])
     return config
@@ -213,6 +228,15 @@ def test_prometheus_scrapes_every_target_and_loads_the_rules(where: str, tmp_pat
     assert "alerting" not in doc
     text = (tmp_path / "prometheus.yml").read_text()
     assert "0.0.0.0" not in text and "localhost:" not in text
+    # Issue 51 item 6: every scrape over TLS, the target's certificate checked against the
+    # monitoring CA; the exporters with Prometheus' client certificate, itself by password.
+    for name, job in jobs.items():
+        assert job["scheme"] == "https" and job["tls_config"]["ca_file"] == str(tmp_path / "ca.crt")
+        if name == "prometheus":
+            assert job["basic_auth"] == {"username": "prometheus",
+                                         "password_file": str(tmp_path / "prometheus.password")}
+        else:
+            assert job["tls_config"]["key_file"] == str(tmp_path / "prometheus.key"), job
 
 
 def test_the_labs_alerts_fire_after_its_definitions_wait(lab: Roles) -> None:
@@ -257,12 +281,15 @@ def test_every_daemon_listens_on_the_hosts_address_only(hostlab: Roles) -> None:
         T("gpu2", "etc/default/prometheus-node-exporter.j2"), T("ctl", "etc/default/prometheus.j2"),
         *(T("gpu2", "etc/systemd/system/pyhpc-exporter.service.j2", monitoring_service=s)
           for s in own))
-    assert 'ARGS="--web.listen-address=10.89.77.15:9100"' in node
+    assert ('ARGS="--web.config.file=/etc/pyhpc/monitoring/node-exporter-web.yml '
+            '--web.listen-address=10.89.77.15:9100"') in node
+    assert 'ARGS="--web.config.file=/etc/pyhpc/monitoring/prometheus-web.yml ' in prometheus
     assert "--web.listen-address=10.89.77.10:9090" in prometheus
     assert "--storage.tsdb.retention.time=15d" in prometheus
     assert units and len(units) == len(own)
     for service, unit in zip(own, units, strict=True):
-        assert f"--listen 10.89.77.15:{service['args'][1].rsplit(':', 1)[1]}" in unit
+        assert f"--listen 10.89.77.15:{service['args'][1].rsplit(':', 1)[1]} " in unit
+        assert " ".join(TLS_ARGS) in unit
         assert "User=slurm\n" in unit and "-P -m pyhpc.monitor." in unit
 
 
@@ -307,7 +334,10 @@ def test_the_record_program_runs_the_record_isolated_and_reads_the_servers_url(
                                  T("ctl", "etc/default/pyhpc-jobstats-record.j2"))
     assert "exec /usr/bin/python3 -I -B -c" in text and "--store /var/lib/pyhpc/jobstats" in text
     assert "http" not in text and ". /etc/default/pyhpc-jobstats-record" in text
-    assert defaults.endswith("PYHPC_PROMETHEUS_URL=http://10.89.77.10:9090\n")
+    assert defaults.endswith("PYHPC_PROMETHEUS_URL=https://10.89.77.10:9090\n"
+                             "PYHPC_PROMETHEUS_CA=/etc/pyhpc/monitoring/ca.crt\n"
+                             "PYHPC_PROMETHEUS_USER=record\n"
+                             "PYHPC_PROMETHEUS_PASSWORD_FILE=/etc/pyhpc/monitoring/record.password\n")
     proc = subprocess.run([shellcheck, "-"], input=text, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stdout
@@ -388,3 +418,92 @@ def test_the_monitoring_server_host_is_chosen_in_one_place() -> None:
     found = [str(p.relative_to(ansible)) for p in sorted(ansible.rglob("*.yml"))
              if rule in p.read_text() and "meta" not in p.parts]
     assert found == ["roles/monitoring/defaults/main.yml"]
+
+
+def test_every_daemon_answers_over_tls_only_prometheus_to_a_password(lab: Roles) -> None:
+    """Issue 51 item 6: node_exporter asks for a client certificate of the monitoring CA,
+    Prometheus for a name and its password (bcrypt), both over TLS."""
+    hashes = {"admin": "$2b$10$" + "a" * 53, "prometheus": "$2b$10$" + "b" * 53}
+    node, web = lab.ask(T("localhost", "etc/pyhpc/monitoring/node-exporter-web.yml.j2"),
+                        T("localhost", "etc/pyhpc/monitoring/prometheus-web.yml.j2",
+                          monitoring_web_hashes=hashes))
+    assert yaml.safe_load(node)["tls_server_config"] == {
+        "cert_file": "/etc/pyhpc/monitoring/monitoring.crt",
+        "key_file": "/etc/pyhpc/monitoring/prometheus.key",
+        "client_auth_type": "RequireAndVerifyClientCert",
+        "client_ca_file": "/etc/pyhpc/monitoring/ca.crt", "min_version": "TLS12"}
+    doc = yaml.safe_load(web)
+    assert doc["basic_auth_users"] == hashes
+    assert doc["tls_server_config"]["key_file"] == "/etc/pyhpc/monitoring/prometheus.key"
+
+
+def test_the_password_hashes_are_bcrypt_and_the_same_on_every_run(lab: Roles) -> None:
+    """A re-run renders the same web configuration: the salt comes from the password."""
+    program = lab["localhost"].get("monitoring_bcrypt_program")
+    secrets = json.dumps({"admin": "x" * 43, "record": "y" * 43})
+
+    def run() -> dict[str, str]:
+        proc = subprocess.run([sys.executable, "-I", "-c", program], input=secrets,
+                              capture_output=True, text=True, check=True)
+        found: dict[str, str] = json.loads(proc.stdout)
+        return found
+
+    first = run()
+    assert first == run() and first["admin"] != first["record"]
+    assert all(re.fullmatch(r"\$2b\$10\$[./A-Za-z0-9]{53}", h) for h in first.values())
+    crypt = ctypes.CDLL("libcrypt.so.1").crypt
+    crypt.restype = ctypes.c_char_p
+    assert crypt(b"x" * 43, first["admin"].encode()).decode() == first["admin"]
+    assert crypt(b"z" * 43, first["admin"].encode()).decode() != first["admin"]
+
+
+def test_new_code_or_a_new_certificate_changes_the_exporters_services(lab: Roles) -> None:
+    """The handler restarts an exporter whose service file changed: its file carries the
+    digest of the code it starts with and its certificate's."""
+    service = lab["localhost"].get("monitoring_own_services")[0]
+
+    def script(code: str, cert: str) -> str:
+        return lab["localhost"].render("etc/init.d/pyhpc-exporter.j2", monitoring_service=service,
+                                       monitoring_code={"stdout": code},
+                                       monitoring_server_files={"results": [{}, {"content": cert}]})
+
+    base = script("a" * 64, "Y2VydA==")
+    assert f"sha256 {'a' * 64}" in base
+    assert script("b" * 64, "Y2VydA==") != base != script("a" * 64, "b3RoZXI=")
+
+
+def test_users_may_ask_for_their_own_jobs_through_sudo_for_a_job_and_two_times(
+        lab: Roles, tmp_path: Path) -> None:
+    rule, program = lab.ask(T("localhost", "etc/sudoers.d/pyhpc-jobstats.j2"),
+                            T("localhost", "usr/local/sbin/pyhpc-jobstats-query.j2"))
+    assert ("ALL ALL=(prometheus) NOPASSWD: /usr/local/sbin/pyhpc-jobstats-query "
+            "^[0-9]+(_[0-9]+)? [0-9]{10} [0-9]{10}$") in rule
+    if shutil.which("visudo"):
+        (tmp_path / "rule").write_text(rule)
+        proc = subprocess.run(["visudo", "-cf", str(tmp_path / "rule")], capture_output=True,
+                              text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "-I -B -m pyhpc.monitor.own_query --prometheus https://127.0.0.1:9090 \"$@\"" in program
+    assert "PYHPC_PROMETHEUS_PASSWORD_FILE=/etc/pyhpc/monitoring/prometheus.password" in program
+
+
+def test_readiness_fails_at_once_on_a_port_another_user_holds(tmp_path: Path) -> None:
+    """Issue 51 item 6: a port that takes connections is not the daemon: the listener of
+    another user fails the check in one line, with no wait for the timeout."""
+    squat = socket.socket()
+    squat.bind(("127.0.0.1", 0))
+    squat.listen()
+    port = squat.getsockname()[1]
+    me = pwd.getpwuid(os.getuid()).pw_name
+    other = "nobody" if me != "nobody" else "root"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", str(ROLE / "files" / "pyhpc-monitoring-ready.py"),
+             "--name=node_exporter", f"--owner={other}", f"--ca={tmp_path / 'none'}",
+             "--timeout=600", f"https://127.0.0.1:{port}/metrics"],
+            capture_output=True, text=True, check=False, timeout=60)
+    finally:
+        squat.close()
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"pyhpc-monitoring-ready: port {port} is held by {me}, "
+                                  f"not {other}: not node_exporter")

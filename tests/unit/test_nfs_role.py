@@ -167,6 +167,8 @@ def test_site_runs_the_role_only_with_an_nfs_server_group(tmp_path: Path, fstab:
         "name": "nfshost", "mode": "hosts", "accounting": False, "container_runtime": "podman",
         "nodes": [{"name": "localhost", "cpus": 1, "memory_mb": 1024}],
         "partitions": [{"name": "cpu", "nodes": ["localhost"], "default": True}],
+        # mode hosts names its cluster network (monitoring is off here all the same).
+        "monitoring": {"listen": "10.0.0.0/16"},
     }
     (tmp_path / "cluster.yml").write_text(yaml.safe_dump(definition))
     groups = {"controller": THIS, "login": THIS, "compute": THIS, **(SERVER if with_server else {})}

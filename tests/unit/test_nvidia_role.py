@@ -156,6 +156,8 @@ def test_site_runs_the_role_only_on_nodes_with_gpu_detect_nvml(tmp_path: Path, g
         "nodes": [{"name": "localhost", "cpus": 1, "memory_mb": 1024, "gpus": 1, "gpu_type": "h100",
                    "gpu_detect": gpu_detect}],
         "partitions": [{"name": "gpu", "nodes": ["localhost"], "default": True}],
+        # mode hosts names its cluster network (monitoring is off here all the same).
+        "monitoring": {"listen": "10.0.0.0/16"},
     }
     (tmp_path / "cluster.yml").write_text(yaml.safe_dump(definition))
     inventory = tmp_path / "hosts.yml"
