@@ -24,14 +24,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
 
 HOSTS = ("ctl", "db", "login", *COMPUTE)
 PORTS = {"node": 9100, "slurm": 9810, "jobs": 9811, "prometheus": 9090}
-#: Asks ctl's Prometheus from the login host (Python's standard library: no curl needed).
-ASK = ("import json, sys, urllib.request; "
-       "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())")
+#: Asks ctl's Prometheus from the login host (Python's standard library: no curl needed),
+#: over TLS checked against the monitoring CA, with the admins' password (root's there).
+ASK = ("import base64, ssl, sys, urllib.request; "
+       "pw = open('/etc/pyhpc/secrets/prometheus-admin.password').read().strip(); "
+       "auth = base64.b64encode(('admin:' + pw).encode()).decode(); "
+       "req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Basic ' + auth}); "
+       "ctx = ssl.create_default_context(cafile='/etc/pyhpc/monitoring/ca.crt'); "
+       "print(urllib.request.urlopen(req, timeout=10, context=ctx).read().decode())")
 
 
 def api(path: str) -> Any:
     body = json.loads(on("login", "python3", "-I", "-c", ASK,
-                         f"http://{address('ctl')}:{PORTS['prometheus']}/api/v1/{path}"))
+                         f"https://{address('ctl')}:{PORTS['prometheus']}/api/v1/{path}"))
     assert body["status"] == "success", body
     return body["data"]
 
@@ -56,9 +61,9 @@ def test_prometheus_on_ctl_scrapes_every_host_at_its_own_address(cluster: dict[s
     for target in targets:
         by_job.setdefault(target["labels"]["job"], set()).add(
             (target["labels"]["instance"], target["scrapeUrl"]))
-    assert by_job["node"] == {(h, f"http://{address(h)}:9100/metrics") for h in HOSTS}
-    assert by_job["jobs"] == {(h, f"http://{address(h)}:9811/metrics") for h in COMPUTE}
-    assert by_job["slurm"] == {("login", f"http://{address('login')}:9810/metrics")}
+    assert by_job["node"] == {(h, f"https://{address(h)}:9100/metrics") for h in HOSTS}
+    assert by_job["jobs"] == {(h, f"https://{address(h)}:9811/metrics") for h in COMPUTE}
+    assert by_job["slurm"] == {("login", f"https://{address('login')}:9810/metrics")}
 
 
 def test_no_host_listens_on_every_interface(cluster: dict[str, Any]) -> None:
