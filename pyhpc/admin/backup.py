@@ -220,11 +220,14 @@ def listing(cluster: Cluster) -> list[dict[str, object]]:
 
 
 def _named(root: Path, name: str | None) -> store.Entry:
+    """The backup ``name``, or this host's newest good one (on a share, each host's
+    backups hold what that host has: verify the db host's on the db host)."""
     found = store.entries(root)
     if name is None:
-        good = [e for e in found if e.ok]
+        good = [e for e in found if e.ok and e.host == _host()]
         if not good:
-            raise BackupError(f"no good backup in {root}")
+            raise BackupError(f"no good backup of this host ({_host()}) in {root}; name "
+                              "one (pyhpc admin backup list)")
         return good[-1]
     for entry in found:
         if entry.name == name:
@@ -269,7 +272,7 @@ def _feed(argv: list[str], packed: Path, tail_must: bytes | None = None) -> byte
 
 def verify(cluster: Cluster, name: str | None = None,
            jobs: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Check one backup (default: the newest good one) by restoring what it holds into
+    """Check one backup (default: this host's newest good one) by restoring what it holds into
     scratch places; raises :class:`BackupError` on the first thing that does not hold.
     ``jobs``: job ids to look for in the restored job table (``found_jobs``)."""
     root = _root_dir(_section(cluster).path)

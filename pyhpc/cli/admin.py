@@ -172,7 +172,7 @@ def add_commands(sub: Any) -> None:
     s = bsub.add_parser("verify", help="restore a backup's dump into a scratch database "
                         "(dropped afterwards) and count its jobs; check its directory "
                         "entries with slapadd -u")
-    s.add_argument("name", nargs="?", help="the backup (default: the newest good one)")
+    s.add_argument("name", nargs="?", help="the backup (default: this host's newest good one)")
     s.add_argument("--job", action="append", default=[], type=_job_id, metavar="ID",
                    help="a job id to look for in the restored accounting (repeatable)")
     s.add_argument("--json", action="store_true", help="print JSON")
