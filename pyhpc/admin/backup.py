@@ -91,7 +91,7 @@ def _locked() -> Iterator[None]:
         os.close(fd)
 
 
-def _conf_value(path: Path, key: str) -> str | None:
+def conf_value(path: Path, key: str) -> str | None:
     try:
         text = path.read_text()
     except OSError:
@@ -103,9 +103,19 @@ def _conf_value(path: Path, key: str) -> str | None:
     return None
 
 
+def tool(name: str) -> str:
+    """The program's path: on PATH, or in the sbin directories a cron line may lack
+    (slapcat, slapadd)."""
+    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if found is None:
+        raise BackupError(f"{name} is not installed on this host")
+    return found
+
+
 def _stream(argv: list[str], out: IO[bytes]) -> None:
     """Run ``argv``, its output gzip-compressed into ``out``; one line on failure."""
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+    with subprocess.Popen([tool(argv[0]), *argv[1:]], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
         pipe, errors = proc.stdout, proc.stderr
         assert pipe is not None and errors is not None
         with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as packed:
@@ -127,7 +137,7 @@ def _tar(out: IO[bytes]) -> None:
 def _parts(cluster: Cluster) -> dict[str, Any]:
     """What this host holds: part file name -> how to write it."""
     parts: dict[str, Any] = {}
-    db = _conf_value(SLURMDBD_CONF, "StorageLoc") if cluster.accounting else None
+    db = conf_value(SLURMDBD_CONF, "StorageLoc") if cluster.accounting else None
     if db:
         parts["accounting.sql.gz"] = lambda out: _stream(
             ["mysqldump", "--single-transaction", "--quick", "--routines", "--triggers",
@@ -236,20 +246,21 @@ def _named(root: Path, name: str | None) -> store.Entry:
                       "them")
 
 
-def _mysql(sql: str, database: str | None = None) -> str:
-    argv = ["mysql", "--batch", "--skip-column-names", "-e", sql, *([database] if database
-                                                                   else [])]
+def mysql(sql: str, database: str | None = None) -> str:
+    argv = [tool("mysql"), "--batch", "--skip-column-names", "-e", sql,
+            *([database] if database else [])]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise BackupError(f"mysql failed: {proc.stderr.strip().splitlines()[-1:]}")
     return proc.stdout
 
 
-def _feed(argv: list[str], packed: Path, tail_must: bytes | None = None) -> bytes:
+def feed(argv: list[str], packed: Path, tail_must: bytes | None = None) -> bytes:
     """Decompress ``packed`` into ``argv``'s stdin; returns its last line (the dump's end)."""
     last = b""
-    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE) as proc, gzip.open(packed, "rb") as src:
+    with subprocess.Popen([tool(argv[0]), *argv[1:]], stdin=subprocess.PIPE,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc, \
+            gzip.open(packed, "rb") as src:
         assert proc.stdin is not None and proc.stderr is not None
         try:
             for chunk in iter(lambda: src.read(CHUNK), b""):
@@ -284,19 +295,19 @@ def verify(cluster: Cluster, name: str | None = None,
     dump = folder / "accounting.sql.gz"
     if dump.exists():
         scratch = f"pyhpc_verify_{secrets.token_hex(4)}"
-        _mysql(f"CREATE DATABASE `{scratch}`")
+        mysql(f"CREATE DATABASE `{scratch}`")
         try:
-            _feed(["mysql", scratch], dump, DUMP_END)
+            feed(["mysql", scratch], dump, DUMP_END)
             table = f"`{cluster.name}_job_table`"
-            count, newest = _mysql(f"SELECT COUNT(*), COALESCE(MAX(id_job), 0) FROM {table}",
+            count, newest = mysql(f"SELECT COUNT(*), COALESCE(MAX(id_job), 0) FROM {table}",
                                    scratch).split()
             if jobs:
                 wanted = ", ".join(str(int(j)) for j in jobs)
-                done["found_jobs"] = sorted({int(j) for j in _mysql(
+                done["found_jobs"] = sorted({int(j) for j in mysql(
                     f"SELECT DISTINCT id_job FROM {table} WHERE id_job IN ({wanted})",
                     scratch).split()})
         finally:
-            _mysql(f"DROP DATABASE IF EXISTS `{scratch}`")
+            mysql(f"DROP DATABASE IF EXISTS `{scratch}`")
         done["jobs"] = int(count)
         done["newest_job_id"] = int(newest)
     ldif = folder / "directory.ldif.gz"
@@ -305,7 +316,7 @@ def verify(cluster: Cluster, name: str | None = None,
             done["directory_entries"] = sum(1 for line in fh if line.startswith(b"dn:"))
         d = cluster.directory
         if d is not None and SLAPD_CONFIG.is_dir():
-            _feed(["slapadd", "-u", "-q", "-F", str(SLAPD_CONFIG), "-b", d.base_dn], ldif)
+            feed(["slapadd", "-u", "-q", "-F", str(SLAPD_CONFIG), "-b", d.base_dn], ldif)
             done["directory_check"] = "slapadd -u"
     with tarfile.open(folder / "files.tar.gz", "r:gz") as tar:
         done["files"] = sorted(m.name for m in tar.getmembers() if m.isfile())

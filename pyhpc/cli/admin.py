@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import cluster, paths
-from pyhpc.admin import backup, directory_sync, workshop
+from pyhpc.admin import backup, directory_sync, restore, workshop
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -108,6 +108,13 @@ def cmd_backup_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    done = restore.restore(_cluster(), args.name)
+    _emit(done, args.json, f"restored {done['database']} from {done['name']}: "
+          f"{done['jobs']} jobs, slurmdbd stopped for {done['seconds']} s")
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     """Register the admin commands on the CLI's subparsers."""
     p = sub.add_parser("directory", help="admin: the user directory (LDAP)")
@@ -177,3 +184,8 @@ def add_commands(sub: Any) -> None:
                    help="a job id to look for in the restored accounting (repeatable)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_backup_verify)
+    s = asub.add_parser("restore", help="on a new db host: the accounting database back "
+                        "from this host's newest good backup (refused where it holds jobs)")
+    s.add_argument("name", nargs="?", help="the backup (default: this host's newest good one)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_restore)

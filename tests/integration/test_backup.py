@@ -199,3 +199,15 @@ def test_prometheus_scrapes_the_newest_good_backups_time_and_the_interval(
         if v == newest.timestamp()])
     assert [v for _, v in query("pyhpc_backup_interval_seconds")] == [SECTION.interval_s]
     assert [v > 0 for _, v in query("pyhpc_backup_deployed_timestamp_seconds")] == [True]
+
+
+def test_restore_onto_a_database_that_holds_jobs_is_refused(taken: dict[str, Any]) -> None:
+    before = sh("sacct", "-n", "-X", "-a", "-P", "-S", "2020-01-01", "-o", "JobID").stdout
+    proc = subprocess.run([PYHPC, "admin", "restore"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("pyhpc: error: restore: the accounting database "
+                                  "slurm_acct_db already holds "), proc.stderr
+    assert proc.stderr.rstrip().endswith("jobs; restore only onto a new, empty host (nothing "
+                                         "was changed)") and len(proc.stderr.splitlines()) == 1
+    assert sh("sacct", "-n", "-X", "-a", "-P", "-S", "2020-01-01", "-o", "JobID").stdout == before
