@@ -239,6 +239,24 @@ TABLES = [
                "all", lambda f: f["ready"] == f["participants"]),
            Row("time until all run", lambda f: num(f["all_ready_s"], "s")),
            Row("the hub's growth (hub + proxy rss)", hub_rss)]),
+    Table("workshop", "Workshops: 200 participants",
+          "`pyhpc workshop create` and `delete --homes` of 200 participants, the directory and "
+          "accounting real; a second create changes nothing.",
+          "`make bench-workshop` (~1 min)",
+          [Row("create, s", lambda f: num(f["create_s"], digits=2)),
+           Row("create again (nothing changed), s", lambda f: num(f["create_again_s"], digits=2),
+               "nothing changed", lambda f: not f["create_again_changed"]),
+           Row("delete --homes, s", lambda f: num(f["delete_s"], digits=2)),
+           Row("each participant resolves, has an association and is in the reservation",
+               lambda f: f"{min(f['associations'], f['reservation_users'])} of "
+                         f"{f['participants']}", "all",
+               lambda f: f["last_participant_resolves"] and f["associations"]
+               == f["reservation_users"] == f["participants"]),
+           Row("left after delete (associations, reservation users)",
+               lambda f: f"{f['left_after_delete']['associations']}, "
+                         f"{f['left_after_delete']['reservation_users']}", "0, 0",
+               lambda f: f["left_after_delete"]["associations"]
+               == f["left_after_delete"]["reservation_users"] == 0)]),
     Table("deep", "Deep model: pipeline stages",
           "The residual CNN unsplit, over 2 and 4 stages, on 1 and 2 nodes: throughput, "
           "bubble, largest depth per stage count (1 GiB a task).",
