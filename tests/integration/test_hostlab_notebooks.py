@@ -135,7 +135,9 @@ def test_a_second_participant_gets_403_at_the_first_ones_server_on_hosts(
     assert server_jobs(first), "the first participant's server is not running (test order)"
     with chromium(insecure_tls=True, resolve=hub["resolve"]) as driver:
         login(driver, second["user"], second["password"], hub["url"])
-        driver.get(hub["url"] + f"user/{first}/lab")
+        # At the first's server, its own origin (the hub's subdomain_host): 403.
+        where = urlsplit(hub["url"])
+        driver.get(f"https://{first}.{where.hostname}:{where.port}/user/{first}/lab")
         wait_for("the refusal", lambda: "403" in driver.page_source, 60)
 
 

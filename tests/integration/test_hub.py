@@ -54,6 +54,12 @@ def url() -> str:
     return api.url(LAB)
 
 
+def server_url(user: str) -> str:
+    """A user's server at its own origin, <user>.<the hub's name> (the hub's subdomain_host)."""
+    assert LAB.jupyterhub is not None
+    return f"https://{user}.{api.hostname(LAB)}:{LAB.jupyterhub.port}/user/{user}/"
+
+
 @pytest.fixture(scope="module")
 def participants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, str]]]:
     """Two rows of a new workshop's sheet (2 nodes reserved, so a server and the notebook's
@@ -267,10 +273,14 @@ def test_a_second_participant_gets_403_at_the_first_ones_server(
     assert server_jobs(first), "the first participant's server is not running (test order)"
     with chromium(insecure_tls=True) as driver:
         login(driver, second["user"], second["password"])
-        driver.get(url() + f"user/{first}/lab")
+        # At the first's server, its own origin: the server asks the hub, which says no.
+        driver.get(server_url(first) + "lab")
         wait_for("the refusal", lambda: "403" in driver.page_source, 60)
-        assert f"/user/{first}/lab" not in driver.current_url or "403" in driver.title + \
-            driver.page_source
+        assert "jp-LabShell" not in driver.page_source
+        # The hub's link to it: the hub knows no such server of the second's (404).
+        driver.get(url() + f"user/{first}/lab")
+        wait_for("the hub's refusal", lambda: "404" in driver.page_source, 60)
+        assert not driver.current_url.startswith(server_url(first)), driver.current_url
 
 
 @pytest.fixture
