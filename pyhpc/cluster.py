@@ -24,9 +24,21 @@ from pyhpc.cluster_users import (
     parse_directory,
 )
 from pyhpc.errors import echo
-from pyhpc.schema import MAX_ITEMS, ConfigError, boolean, check_keys, choice, integer, listing, name, names
+from pyhpc.schema import (
+    MAX_ITEMS,
+    MAX_NODES,
+    ConfigError,
+    boolean,
+    check_keys,
+    choice,
+    integer,
+    listing,
+    name,
+    names,
+)
 
-__all__ = ["ACCOUNT_KEYS", "BACKUP_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MONITORING_KEYS",
+__all__ = ["ACCOUNT_KEYS", "BACKUP_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MAX_NODES",
+           "MONITORING_KEYS",
            "Account", "Backup", "Cluster", "ConfigError", "Directory", "JupyterHub", "Limits",
            "Monitoring", "Node", "Partition", "listing", "load", "parse"]
 
@@ -106,8 +118,6 @@ HUB_API_PORT = 881
 PROXY_API_PORT = 801
 HUB_OWN_PORTS = {HUB_API_PORT: "the hub's API", PROXY_API_PORT: "the proxy's API",
                  6817: "slurmctld", 6818: "slurmd", 6819: "slurmdbd"}
-#: Nodes in one definition, all groups together.
-MAX_NODES = 4096
 MAX_PORT = 65535
 #: mode lab: all nodes' declared memory together is at most this many times this machine's
 #: RAM. It only tells Slurm how many jobs fit a node (config_overrides); nothing reserves it

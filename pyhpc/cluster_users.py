@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyhpc import validate
-from pyhpc.schema import ConfigError, boolean, check_keys, integer, name, names
+from pyhpc.schema import MAX_NODES, ConfigError, boolean, check_keys, integer, name, names
 
 ACCOUNT_KEYS = {"name": "account name", "users": "list of user names",
                 "limits": "per-user limits: jobs, submitted_jobs, nodes, gpus"}
@@ -41,8 +41,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "uid_max": (1000, 2**31 - 2),
     "jobs": (1, 100_000),
     "submitted_jobs": (1, 1_000_000),
-    "nodes": (1, 4096),
-    "gpus": (0, 16 * 4096),
+    "nodes": (1, MAX_NODES),
+    "gpus": (0, 16 * MAX_NODES),
 }
 #: Ids no directory user or group may get: Debian's global allocations (60000-64999), its
 #: reserved ones and systemd's dynamic users (up to 65519), nobody and nogroup (65534) and

@@ -19,6 +19,9 @@ class ConfigError(PyhpcError):
 
 #: Entries in one list (partitions, accounts, users of an account).
 MAX_ITEMS = 4096
+#: Nodes in one cluster, all groups together: the one node limit (a definition, a job,
+#: a per-user limit, a sweep); ``pyhpc.cluster.MAX_NODES``.
+MAX_NODES = 4096
 
 
 def listing(names: list[str], most: int = 12) -> str:

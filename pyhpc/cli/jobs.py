@@ -41,11 +41,17 @@ def _cluster() -> Cluster:
     return cluster.load(paths.cluster_file())
 
 
+#: The largest value in each comma-separated list option: the limits of the one value each
+#: stands for (a job's nodes, a pipeline's stages, a worker's batch).
+LIST_MAX = {"nodes": cluster.MAX_NODES, "pipeline": trainconfig.MAX_STAGES,
+            "batch_sizes": trainconfig.MAX_BATCH_SIZE}
+
+
 def _int_list(name: str, text: str) -> list[int]:
     items = [v for v in text.split(",") if v.strip()]
     if not items or len(items) > 64:
         raise JobSpecError(f"{name}: expected 1 to 64 comma-separated integers, got {text!r}")
-    return [validate.integer(name, v, 1, 65536, error=JobSpecError) for v in items]
+    return [validate.integer(name, v, 1, LIST_MAX[name], error=JobSpecError) for v in items]
 
 
 def _timeout(text: str) -> float:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pyhpc import validate
-from pyhpc.cluster import Cluster, ConfigError
+from pyhpc.cluster import MAX_NODES, Cluster, ConfigError
 from pyhpc.errors import PyhpcError
 
 #: The time limit of a job that names none.
@@ -32,7 +32,7 @@ class JobSpec:
     ``tasks_per_node=None`` one task per GPU (one without GPUs): :func:`check` fills both
     in, so a checked spec is complete. Each field's help is the CLI's."""
 
-    nodes: int = field(default=1, metadata=_meta("nodes (1 to 4096)", 1, 4096))
+    nodes: int = field(default=1, metadata=_meta(f"nodes (1 to {MAX_NODES})", 1, MAX_NODES))
     tasks_per_node: int | None = field(default=None, metadata=_meta(
         "tasks per node (1 to 1024; default: one per GPU, one without GPUs)", 1, 1024))
     gpus_per_node: int = field(default=0, metadata=_meta(

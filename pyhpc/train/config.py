@@ -30,6 +30,7 @@ KERNELS = ("default", "deterministic")
 #: Deepest model (residual blocks) and most pipeline stages taken.
 MAX_LAYERS = 16_000
 MAX_STAGES = 64
+MAX_BATCH_SIZE = 65_536
 DIGITS_SAMPLES = 1797  # sklearn.datasets.load_digits()
 #: Longest run directory path taken (PATH_MAX on Linux).
 MAX_OUT_LEN = 4096
@@ -52,7 +53,7 @@ class TrainConfig:
     mode: str = _option("digits", "workload: digits (LeNet on 8x8 digits) or synthetic "
                         "(a wider CNN on generated 32x32 images)", choices=MODES)
     epochs: int = _option(3, "passes over the training data", min=1, max=10_000)
-    batch_size: int = _option(32, "samples per step per worker", min=1, max=65_536)
+    batch_size: int = _option(32, "samples per step per worker", min=1, max=MAX_BATCH_SIZE)
     lr: float = _option(0.05, "learning rate (SGD, momentum 0.9)", above=0.0, max=100.0)
     seed: int = _option(0, "seed of the data split, the model and the sampler",
                         min=0, max=2**32 - 1)

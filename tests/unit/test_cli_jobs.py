@@ -96,7 +96,7 @@ ERRORS = [
      "gpus_per_node: partition 'cpu' has 0 GPUs per node, 1 requested; partitions with GPUs: gpu"),
     (["submit", "os:getcwd", "--gpus-per-node", "1"], "gpus_per_node: partition 'cpu' has 0 GPUs"),
     (["train", "--gpus-per-node", "1"], "gpus_per_node: partition 'cpu' has 0 GPUs"),
-    (["scale", "--nodes", "1,0", "--out", "sweep"], "nodes: must be an integer from 1 to 65536"),
+    (["scale", "--nodes", "1,0", "--out", "sweep"], "nodes: must be an integer from 1 to 4096"),
     (["scale", "--nodes", "1,3", "--out", "sweep"], "nodes: partition 'cpu' has 2 nodes, 3 requested"),
     (["scale", "--nodes", "1,2", "--batch-sizes", "33", "--scaling", "strong", "--out", "sweep"],
      "batch_sizes: global batch 33 does not divide over 2 workers"),

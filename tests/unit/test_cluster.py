@@ -266,3 +266,18 @@ def test_accounts_carry_per_user_limits_into_the_json() -> None:
 def test_uid_ranges_beyond_the_system_ids_are_accepted() -> None:
     d = cluster.parse(edit("directory", {"uid_min": 70000, "uid_max": 80000}), LAB_RAM_MB).directory
     assert d is not None and (d.uid_min, d.uid_max) == (70000, 80000)
+
+
+def test_one_node_limit_bounds_a_definition_a_job_a_user_and_a_sweep() -> None:
+    from dataclasses import fields
+
+    from pyhpc import cluster_users
+    from pyhpc.cli import jobs as cli_jobs
+    from pyhpc.slurm.jobspec import JobSpec, JobSpecError
+
+    nodes = next(f for f in fields(JobSpec) if f.name == "nodes")
+    assert nodes.metadata["bounds"] == (1, cluster.MAX_NODES)
+    assert cluster_users.BOUNDS["nodes"] == (1, cluster.MAX_NODES)
+    assert cli_jobs._int_list("nodes", f"1,{cluster.MAX_NODES}") == [1, cluster.MAX_NODES]
+    with pytest.raises(JobSpecError, match=str(cluster.MAX_NODES)):
+        cli_jobs._int_list("nodes", str(cluster.MAX_NODES + 1))
