@@ -364,11 +364,6 @@ def node_info(timeout_s: float = TIMEOUT_S) -> dict[str, dict[str, str]]:
     return info
 
 
-def hostnames(expression: str) -> list[str]:
-    """A hostlist expression (``gn[1-4]``, ``/dev/nvidia[0-3]``) expanded by Slurm itself."""
-    return run(["scontrol", "show", "hostnames", expression]).stdout.split()
-
-
 #: Longest drain reason kept (slurmctld stores and shows it in every sinfo -R).
 REASON_LIMIT = 200
 
