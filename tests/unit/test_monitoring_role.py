@@ -171,10 +171,13 @@ def test_without_the_pyhpc_environment_only_prometheus_and_node_exporter_run() -
 def test_ipv6_addresses_are_bracketed_before_their_port() -> None:
     addresses = {n: f"fd00:89::{i + 1}" for i, n in enumerate(sorted(ADDRESSES))}
     hosts = Roles(HOSTLAB, definition("hostlab"), addresses)
-    host, targets, args = hosts.ask(E("ctl", "monitoring_target.host"),
-                                    E("ctl", "monitoring_scrape_targets"),
-                                    T("ctl", "etc/default/prometheus.j2"))
+    host, targets, args, names = hosts.ask(E("ctl", "monitoring_target.host"),
+                                           E("ctl", "monitoring_scrape_targets"),
+                                           T("ctl", "etc/default/prometheus.j2"),
+                                           E("ctl", "monitoring_tls_names"))
     assert host == "[fd00:89::2]"
+    # The certificate names every host's address, without the brackets.
+    assert {"fd00:89::2", "fd00:89::6", "ctl", "localhost", "127.0.0.1"} <= set(names)
     assert [t["address"] for t in targets["slurm"]] == ["[fd00:89::6]:9810"]
     assert "--web.listen-address=[fd00:89::2]:9090" in args
 
