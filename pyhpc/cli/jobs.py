@@ -169,6 +169,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.local:
         from pyhpc.train import loop as train
 
+        ignored = [name for name in (*ONE_JOB, "wait", "timeout")
+                   if getattr(args, name, None) not in (None, False)]
+        if ignored:
+            flag = "--" + ignored[0].replace("_", "-")
+            raise PyhpcError(f"{flag}: --local runs here, one process, with no job to ask "
+                             "Slurm for; drop it, or submit the run (without --local)",
+                             ignored[0])
         if cfg.pipeline > 1:
             raise trainconfig.TrainError(f"pipeline: --local runs one process, and {cfg.pipeline} "
                                          "stages need one each; submit the run (without --local)",

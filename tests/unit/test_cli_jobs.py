@@ -108,6 +108,12 @@ ERRORS = [
     (["train", "--device", "cuda"], "device: cuda needs GPUs, and this job asks for none on "
                                     "partition 'cpu'; add --gpus-per-node"),
     (["scale", "--device", "cuda", "--out", "sweep"], "device: cuda needs GPUs"),
+    (["train", "--local", "--nodes", "2"], "--nodes: --local runs here, one process, with no "
+                                           "job to ask Slurm for; drop it, or submit the run"),
+    (["train", "--local", "--gpus-per-node", "1"], "--gpus-per-node: --local runs here"),
+    (["train", "--local", "--reservation", "dl"], "--reservation: --local runs here"),
+    (["train", "--local", "--partition", "gpu"], "--partition: --local runs here"),
+    (["train", "--local", "--wait"], "--wait: --local runs here"),
     (["scale", "--nodes", "1,2", "--batch-sizes", "32,64", "--out", "sweep"],
      "batch_size: 64 per worker on 2 workers gives 3 steps per epoch, 3 in all, not more "
      "than the 3 warm-up steps"),
