@@ -6,6 +6,7 @@ submission code load the same file through :func:`load`.
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,14 @@ def _partitions(data: Any, node_names: set[str]) -> tuple[Partition, ...]:
     return tuple(parts)
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _jupyterhub(data: Any, nodes: tuple[Node, ...], mode: str, accounting: bool,
                 directory: Directory | None) -> JupyterHub | None:
     """``jupyterhub``: absent (no hub), or its settings; an enabled hub needs the directory
@@ -317,6 +326,10 @@ def _jupyterhub(data: Any, nodes: tuple[Node, ...], mode: str, accounting: bool,
         else name("jupyterhub.tls_cert", data["tls_cert"], kind="abspath"),
         tls_key=None if data.get("tls_key") is None
         else name("jupyterhub.tls_key", data["tls_key"], kind="abspath"))
+    if hub.hostname is not None and _is_address(hub.hostname):
+        raise ConfigError(f"jupyterhub.hostname: {hub.hostname} is an address; each user's "
+                          f"server has its own origin, <user>.<hostname>, so the hub needs a "
+                          "DNS name with a wildcard record (*.<hostname>)")
     if (hub.tls_cert is None) != (hub.tls_key is None):
         missing, given = ("tls_key", "tls_cert") if hub.tls_key is None else ("tls_cert", "tls_key")
         raise ConfigError(f"jupyterhub.{missing}: required with jupyterhub.{given} (the "

@@ -73,6 +73,8 @@ BAD = [
     ("nodes.1.name", "cpu", "nodes: duplicate node name 'cpu1'"),
     ("partitions.1.nodes", ["gpu1", "gpu9"], "partitions[1].nodes: unknown node 'gpu9'; known nodes: cpu1"),
     ("partitions.1.nodes", [], "partitions[1].nodes: must name at least one node"),
+    ("jupyterhub.hostname", "10.0.0.5", "jupyterhub.hostname: 10.0.0.5 is an address; each "
+     "user's server has its own origin, <user>.<hostname>, so the hub needs a DNS name"),
     ("partitions.1.name", "cpu", "partitions[1].name: duplicate partition name 'cpu'"),
     ("partitions.1.default", True, "partitions.default: only one partition may be default"),
     ("partitions.0.max_time", "soon",
