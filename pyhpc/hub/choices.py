@@ -12,25 +12,11 @@ from dataclasses import dataclass
 
 from pyhpc import validate
 from pyhpc.errors import PyhpcError
-from pyhpc.slurm import as_user
+from pyhpc.slurm import as_user, reservations
 from pyhpc.slurm.as_user import Association
+from pyhpc.slurm.reservations import Reservation
 
 LOG = logging.getLogger(__name__)
-#: Slurm's word for an empty field in ``scontrol show reservation``.
-NULL = "(null)"
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """A reservation that admits the user: by name, or through one of their accounts."""
-
-    name: str
-    partition: str = ""
-    users: tuple[str, ...] = ()
-    accounts: tuple[str, ...] = ()
-    start: str = ""
-    end: str = ""
-    state: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,27 +43,18 @@ class Choices:
         return next((r for r in self.reservations if r.name == name), None)
 
 
-def _names(field: str) -> tuple[str, ...]:
-    return tuple(n for n in field.split(",") if n and n != NULL)
-
-
 def admitted(fields: dict[str, str], user: str, accounts: Iterable[str]) -> Reservation | None:
     """The reservation of ``scontrol show reservation``'s ``fields`` if it names ``user`` or
-    one of ``accounts``; None otherwise. One that admits by exclusion (``Users=-bob``) is
-    not offered: the form lists only what names the user, and Slurm decides the rest."""
-    users, accts = _names(fields.get("Users", "")), _names(fields.get("Accounts", ""))
-    if any(n.startswith("-") for n in users + accts):
-        return None
-    if user not in users and not set(accts) & set(accounts):
+    one of ``accounts`` (:func:`pyhpc.slurm.reservations.admits`, the rule a submission
+    follows); None otherwise, or when its name could not go back to sbatch safely."""
+    found = reservations.parse(fields)
+    if not reservations.admits(found, user, set(accounts)):
         return None
     try:
-        name = validate.name("reservation", fields.get("ReservationName", ""), "slurm")
+        validate.name("reservation", found.name, "slurm")
     except PyhpcError:
-        return None  # a name the form could not hand back to sbatch safely
-    partition = fields.get("PartitionName", "")
-    return Reservation(name, "" if partition == NULL else partition, users, accts,
-                       fields.get("StartTime", ""), fields.get("EndTime", ""),
-                       fields.get("State", ""))
+        return None
+    return found
 
 
 def read(user: str) -> Choices:

@@ -8,8 +8,9 @@ import html
 
 from pyhpc import validate
 from pyhpc.cluster import Cluster
-from pyhpc.hub.choices import Choices, Reservation
+from pyhpc.hub.choices import Choices
 from pyhpc.hub.options import DEFAULT_TIME, TIMES
+from pyhpc.slurm.reservations import Reservation
 
 
 def _current(choices: Choices) -> Reservation | None:
