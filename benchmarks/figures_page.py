@@ -220,6 +220,23 @@ TABLES = [
           "The same on hostlab's `ctl` host, killed with `podman kill`, on both Slurm releases.",
           "`make bench-crash TARGET=hostlab`",
           crash_rows("slurm-wlm 22.05.8") + crash_rows("slurm-wlm 24.11.5")[:3]),
+    Table("restore-hostlab", "Losing the db host, hostlab",
+          "Jobs before a backup, jobs between it and the loss of the db host (removed with "
+          "its volumes), the host deployed anew and `pyhpc admin restore`.",
+          "`python -m benchmarks.restore` (hostlab's Debian 12 hosts, ~10 min)",
+          [Row("jobs recorded before the backup, kept",
+               lambda f: f"{f['kept']['before_backup']} of {f['jobs']['before_backup']}",
+               "all", lambda f: f["kept"]["before_backup"] == f["jobs"]["before_backup"]),
+           Row("recovery point: jobs lost (ended after the backup)",
+               lambda f: f"{f['recovery_point']['jobs_lost']} of "
+               f"{f['jobs']['between_backup_and_loss']}"),
+           Row("seconds between the backup and the loss",
+               lambda f: num(f["recovery_point"]["seconds_between_backup_and_loss"], "s", 0)),
+           Row("slurmdbd stopped for the restore",
+               lambda f: num(f["restore"]["seconds_slurmdbd_stopped"], "s", 3)),
+           Row("logins after the restore (user1 on login)",
+               lambda f: "yes" if f["logins"]["user1_su_login"] else "no", "yes",
+               lambda f: bool(f["logins"]["user1_su_login"]))]),
     Table("monitoring", "Monitoring's cost",
           "A training job's samples/s with monitoring on and off (ABBA); each exporter's "
           "scrape at 4 and 68 nodes; Slurm commands per scrape with 1,000 jobs queued.",
