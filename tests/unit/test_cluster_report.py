@@ -54,7 +54,8 @@ def fake_prometheus(monkeypatch) -> list[str]:
     held = answers(win)
     by_query = {q.format(rate=win.rate): name for name, q in cluster_report.QUERIES.items()}
 
-    def urlopen(address: str, timeout: float):
+    def urlopen(req, timeout: float, context=None):
+        address = req.full_url  # a Request: pyhpc adds the credentials
         asked.append(address)
         params = dict(urllib.parse.parse_qsl(address.split("?", 1)[1]))
         result = held[by_query[params["query"]]]
@@ -124,7 +125,7 @@ def test_a_directory_others_can_write_is_refused_and_nothing_is_written(tmp_path
 
 
 def test_prometheus_that_does_not_answer_writes_nothing(tmp_path: Path, monkeypatch) -> None:
-    def urlopen(address: str, timeout: float):
+    def urlopen(req, timeout: float, context=None):
         raise prometheus.urllib.error.URLError("Connection refused")
 
     monkeypatch.setattr(prometheus.urllib.request, "urlopen", urlopen)
@@ -134,7 +135,7 @@ def test_prometheus_that_does_not_answer_writes_nothing(tmp_path: Path, monkeypa
 
 
 def test_an_empty_prometheus_gives_a_page_that_says_so(tmp_path: Path, monkeypatch) -> None:
-    def urlopen(address: str, timeout: float):
+    def urlopen(req, timeout: float, context=None):
         return io.BytesIO(b'{"status": "success", "data": {"resultType": "matrix", "result": []}}')
 
     monkeypatch.setattr(prometheus.urllib.request, "urlopen", urlopen)

@@ -188,7 +188,8 @@ def test_a_record_that_is_not_ours_is_one_line(tmp_path) -> None:
 def test_prometheus_figures_come_from_the_query_api(sacct, tmp_path, monkeypatch) -> None:
     asked: list[str] = []
 
-    def urlopen(address: str, timeout: float):
+    def urlopen(req, timeout: float, context=None):
+        address = req.full_url  # a Request: pyhpc adds the credentials
         asked.append(address)
         value = "20e9" if "memory" in address else ("0.9" if "max_over" in address else "0.5")
         body = {"status": "success", "data": {"resultType": "vector", "result": [
@@ -206,7 +207,7 @@ def test_prometheus_figures_come_from_the_query_api(sacct, tmp_path, monkeypatch
 
 
 def test_prometheus_that_does_not_answer_is_one_line(monkeypatch) -> None:
-    def urlopen(address: str, timeout: float):
+    def urlopen(req, timeout: float, context=None):
         raise prometheus.urllib.error.URLError("Connection refused")
 
     monkeypatch.setattr(prometheus.urllib.request, "urlopen", urlopen)
