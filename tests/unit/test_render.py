@@ -126,7 +126,8 @@ def test_array_template_keeps_its_own_array(lab: cluster.Cluster) -> None:
 def test_gpu_request_on_a_cluster_without_gpus_is_refused() -> None:
     cpu_only = cluster.parse({"name": "c", "nodes": [{"name": "n", "count": 2, "cpus": 2,
                                                       "memory_mb": 100}],
-                              "partitions": [{"name": "all", "nodes": ["n1", "n2"]}]})
+                              "partitions": [{"name": "all", "nodes": ["n1", "n2"]}],
+                              "monitoring": {"listen": "10.0.0.0/16"}})
     with pytest.raises(JobSpecError, match=r"gpus_per_node: .*this cluster has no GPUs"):
         render.render("single", {"command": "true", "gpus_per_node": "1"}, cpu_only)
 

@@ -133,7 +133,7 @@ def test_lab_accounts_jobs_by_cgroup_as_hosts_do() -> None:
 @pytest.mark.parametrize(("changes", "deployed", "runs"), [
     ({}, True, True),
     ({"monitoring": {"enabled": False}}, True, False),
-    ({"monitoring": {"job_records": False}}, True, False),
+    ({"monitoring": {"listen": "10.0.0.0/16", "job_records": False}}, True, False),
     ({}, False, False),  # pyhpc_deploy_monitoring false: the role installs no record program
 ])
 def test_the_job_end_record_runs_only_where_the_monitoring_role_installs_it(
