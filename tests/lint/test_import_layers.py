@@ -18,10 +18,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train", "bench", "admin", "containers", "monitor"),  # the domain
     ("hub",),  # JupyterHub's side: the form, its checks, the server's script, the hub's API
     ("slurm",),
-    ("dist", "cluster"),
-    ("cluster_users", "cluster_monitoring", "cluster_backup"),  # the definition's users,
-    # accounts and limits; its monitoring and backup sections
-    ("schema",),  # the definition's field checks
+    ("dist", "cluster"),  # cluster: the definition (its users, accounts and limits, its
+    # monitoring and backup sections, the field checks they share: cluster.schema)
     ("plots",),  # what every report's plots share
     ("validate", "yamlio", "files", "paths"),
     ("errors",),

@@ -1,5 +1,5 @@
 """Backups: the definition's ``backup`` section, and the backup directory's manifest,
-listing and pruning (pyhpc.cluster_backup, pyhpc.admin.backup_store and the metric)."""
+listing and pruning (pyhpc.cluster.backup, pyhpc.admin.backup_store and the metric)."""
 from __future__ import annotations
 
 import copy

@@ -273,8 +273,8 @@ def test_uid_ranges_beyond_the_system_ids_are_accepted() -> None:
 def test_one_node_limit_bounds_a_definition_a_job_a_user_and_a_sweep() -> None:
     from dataclasses import fields
 
-    from pyhpc import cluster_users
     from pyhpc.cli import jobs as cli_jobs
+    from pyhpc.cluster import users as cluster_users
     from pyhpc.slurm.jobspec import JobSpec, JobSpecError
 
     nodes = next(f for f in fields(JobSpec) if f.name == "nodes")

@@ -1,5 +1,5 @@
 """The definition's ``monitoring`` section: its defaults per mode, and every refusal in one
-line naming the key (pyhpc/cluster_monitoring.py)."""
+line naming the key (pyhpc/cluster/monitoring.py)."""
 from __future__ import annotations
 
 import copy

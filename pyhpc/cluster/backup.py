@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pyhpc.cluster.schema import ConfigError, check_keys, integer, name
 from pyhpc.errors import echo
-from pyhpc.schema import ConfigError, check_keys, integer, name
 
 KINDS = ("local", "share")
 BACKUP_KEYS = {

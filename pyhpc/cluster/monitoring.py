@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pyhpc.cluster.schema import ConfigError, boolean, check_keys, integer
 from pyhpc.errors import echo
-from pyhpc.schema import ConfigError, boolean, check_keys, integer
 
 MONITORING_KEYS = {
     "enabled": "true (default) or false: Prometheus, node_exporter and pyhpc's exporters",

@@ -1,7 +1,7 @@
 """What every part of the cluster definition is checked with: its error, and the checks
 of keys, integers, choices, booleans and name lists that name the offending key.
 
-:mod:`pyhpc.cluster` (nodes, partitions) and :mod:`pyhpc.cluster_users` (accounts, their
+:mod:`pyhpc.cluster` (nodes, partitions) and :mod:`pyhpc.cluster.users` (accounts, their
 per-user limits, the directory) build on these; names themselves go through
 :mod:`pyhpc.validate`.
 """

@@ -12,20 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import validate, yamlio
-from pyhpc.cluster_backup import BACKUP_KEYS, Backup, parse_backup
-from pyhpc.cluster_monitoring import MONITORING_KEYS, Monitoring, parse_monitoring
-from pyhpc.cluster_users import (
-    ACCOUNT_KEYS,
-    DIRECTORY_KEYS,
-    DIRECTORY_SECRET,
-    Account,
-    Directory,
-    Limits,
-    parse_accounts,
-    parse_directory,
-)
-from pyhpc.errors import echo
-from pyhpc.schema import (
+from pyhpc.cluster.backup import BACKUP_KEYS, Backup, parse_backup
+from pyhpc.cluster.monitoring import MONITORING_KEYS, Monitoring, parse_monitoring
+from pyhpc.cluster.schema import (
     MAX_ITEMS,
     MAX_NODES,
     ConfigError,
@@ -37,6 +26,17 @@ from pyhpc.schema import (
     name,
     names,
 )
+from pyhpc.cluster.users import (
+    ACCOUNT_KEYS,
+    DIRECTORY_KEYS,
+    DIRECTORY_SECRET,
+    Account,
+    Directory,
+    Limits,
+    parse_accounts,
+    parse_directory,
+)
+from pyhpc.errors import echo
 
 __all__ = ["ACCOUNT_KEYS", "BACKUP_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MAX_NODES",
            "MONITORING_KEYS",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyhpc import validate
-from pyhpc.schema import MAX_NODES, ConfigError, boolean, check_keys, integer, name, names
+from pyhpc.cluster.schema import MAX_NODES, ConfigError, boolean, check_keys, integer, name, names
 
 ACCOUNT_KEYS = {"name": "account name", "users": "list of user names",
                 "limits": "per-user limits: jobs, submitted_jobs, nodes, gpus"}
