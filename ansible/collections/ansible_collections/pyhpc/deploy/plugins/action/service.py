@@ -10,7 +10,8 @@ choice and probes only where it can answer as that module would:
   and update-rc.d (the lab): `service NAME status` run as the module runs it (from `/`, with
   only its locale in the environment), read with the module's own rules (`running`), and
   an `S??NAME` link in `/etc/rc?.d` where `enabled: true` is asked.
-Only `name`, `state: started` and `enabled: true` take this path; a stopped or disabled
+A unit systemd calls `failed` has its failure (and start limit) reset before the module
+starts it. Only `name`, `state: started` and `enabled: true` take this path; a stopped or disabled
 service, any other argument, check mode or async runs the module, so every start and enable
 is Ansible's.
 """
@@ -22,6 +23,8 @@ from typing import Any
 from ansible.plugins.action.service import ActionModule as BuiltinService
 
 SYSTEMD = 'systemctl is-active -- {name}; systemctl is-enabled -- {name}'
+#: A failed unit's start limit cleared before the module starts it.
+RESET = 'systemctl reset-failed -- {name}'
 #: The service module's tools on a SysV host (LinuxService.get_service_tools): where any other
 #: manager is there, or the script or update-rc.d is missing, the module decides.
 SYSV = ('n={name}; PATH="$PATH:/sbin:/usr/sbin:/bin:/usr/bin"; '
@@ -91,6 +94,11 @@ class ActionModule(BuiltinService):
                 want = ["active", "enabled"] if enabled else ["active"]
                 if done.get("stdout", "").splitlines()[:len(want)] == want:
                     return self._settled(name, enabled)
+                if done.get("stdout", "").splitlines()[:1] == ["failed"]:
+                    # Its package started it before its configuration was written (the
+                    # role writes files that need the package's user): the restarts may
+                    # have hit the start limit, and systemctl start would then refuse.
+                    self._low_level_execute_command(RESET.format(name=shlex.quote(name)))
             elif module_name == "ansible.legacy.service":
                 done = self._low_level_execute_command(SYSV.format(name=shlex.quote(name)))
                 if done.get("rc") == 0 and sysv_settled(done.get("stdout", ""), name, enabled):
