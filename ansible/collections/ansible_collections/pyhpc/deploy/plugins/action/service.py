@@ -86,6 +86,7 @@ class ActionModule(BuiltinService):
 
     def _execute_module(self, module_name: Any = None, module_args: Any = None, *args: Any,
                         **kwargs: Any) -> Any:
+        self._reset_unsettled(module_name, dict(module_args or {}))
         asked = probe_args(dict(module_args or {}))
         if asked is not None and not self._task.check_mode and not kwargs.get("wrap_async"):
             name, enabled = asked
@@ -94,16 +95,26 @@ class ActionModule(BuiltinService):
                 want = ["active", "enabled"] if enabled else ["active"]
                 if done.get("stdout", "").splitlines()[:len(want)] == want:
                     return self._settled(name, enabled)
-                if done.get("stdout", "").splitlines()[:1] == ["failed"]:
-                    # Its package started it before its configuration was written (the
-                    # role writes files that need the package's user): the restarts may
-                    # have hit the start limit, and systemctl start would then refuse.
-                    self._low_level_execute_command(RESET.format(name=shlex.quote(name)))
             elif module_name == "ansible.legacy.service":
                 done = self._low_level_execute_command(SYSV.format(name=shlex.quote(name)))
                 if done.get("rc") == 0 and sysv_settled(done.get("stdout", ""), name, enabled):
                     return self._settled(name, enabled)
         return super()._execute_module(module_name, module_args, *args, **kwargs)
+
+    def _reset_unsettled(self, module_name: Any, args: dict[str, Any]) -> None:
+        """Before systemd starts or restarts a unit that is not active (failed, or restarting
+        on its own), clear its failure and start limit: its package started it before the
+        role wrote its configuration (files that need the package's user), and that crash
+        loop would make systemctl refuse the role's own start."""
+        name = args.get("name")
+        if module_name != "ansible.legacy.systemd" or self._task.check_mode \
+                or args.get("state") not in ("started", "restarted") \
+                or not isinstance(name, str) or not name:
+            return
+        quoted = shlex.quote(name)
+        done = self._low_level_execute_command(f"systemctl is-active -- {quoted}")
+        if done.get("stdout", "").splitlines()[:1] != ["active"]:
+            self._low_level_execute_command(RESET.format(name=quoted))
 
     @staticmethod
     def _settled(name: str, enabled: bool) -> dict[str, Any]:
