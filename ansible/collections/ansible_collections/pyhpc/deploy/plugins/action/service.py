@@ -10,8 +10,8 @@ choice and probes only where it can answer as that module would:
   and update-rc.d (the lab): `service NAME status` run as the module runs it (from `/`, with
   only its locale in the environment), read with the module's own rules (`running`), and
   an `S??NAME` link in `/etc/rc?.d` where `enabled: true` is asked.
-A unit systemd calls `failed` has its failure (and start limit) reset before the module
-starts it. Only `name`, `state: started` and `enabled: true` take this path; a stopped or disabled
+A unit that is not active has its failure (and start limit) reset before the module
+starts it, and every unit before the module restarts it. Only `name`, `state: started` and `enabled: true` take this path; a stopped or disabled
 service, any other argument, check mode or async runs the module, so every start and enable
 is Ansible's.
 """
@@ -112,6 +112,11 @@ class ActionModule(BuiltinService):
                 or not isinstance(name, str) or not name:
             return
         quoted = shlex.quote(name)
+        if args["state"] == "restarted":
+            # A crash loop is `active` for a moment between its restarts: a restart always
+            # clears the counter first (reset-failed resets it on an active unit too).
+            self._low_level_execute_command(RESET.format(name=quoted))
+            return
         done = self._low_level_execute_command(f"systemctl is-active -- {quoted}")
         if done.get("stdout", "").splitlines()[:1] != ["active"]:
             self._low_level_execute_command(RESET.format(name=quoted))
