@@ -7,6 +7,7 @@ before anything reaches Slurm.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -99,10 +100,18 @@ def check_value(key: str, value: object) -> Any:
     raise JobSpecError(f"{key}: not a resource; allowed: {', '.join(OPTIONS)}")
 
 
+def env_partition() -> str | None:
+    """SBATCH_PARTITION, checked as a partition name (one: a list is refused), or None."""
+    value = os.environ.get("SBATCH_PARTITION")
+    return validate.name("SBATCH_PARTITION", value, "slurm", error=JobSpecError) if value else None
+
+
 def check(spec: JobSpec, cluster: Cluster) -> JobSpec:
-    """Return ``spec`` with values converted and the partition filled in, or raise."""
+    """Return ``spec`` with values converted and the partition filled in, or raise. No
+    partition given: sbatch's own default, SBATCH_PARTITION (a hub server sets it, so the
+    jobs its notebooks submit go where it went), else the cluster's default."""
     values = {f.name: check_value(f.name, getattr(spec, f.name)) for f in fields(JobSpec)}
-    name = values["partition"] or cluster.default_partition.name
+    name = values["partition"] or env_partition() or cluster.default_partition.name
     try:
         part = cluster.partition(name)
     except ConfigError as exc:  # re-raised in this family, same message

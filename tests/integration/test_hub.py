@@ -150,9 +150,15 @@ def run_notebook_1(driver: Any, user: str, base: str | None = None) -> None:
 
     wait_for("the Run menu", menu, 60, every=2)
     driver.find_element(By.XPATH, run_all).click()
-    wait_for("notebook 1's accuracy", lambda: "test accuracy" in " ".join(
-        e.text for e in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output")),
-        NOTEBOOK_S, every=10)
+
+    def accuracy() -> bool:  # a cell that failed ends the wait at once, with what it printed
+        text = "\n".join(e.text for e in driver.find_elements(By.CSS_SELECTOR,
+                                                              ".jp-OutputArea-output"))
+        if "Traceback" in text:
+            pytest.fail(f"notebook 1 failed:\n{text[-3000:]}")
+        return "test accuracy" in text
+
+    wait_for("notebook 1's accuracy", accuracy, NOTEBOOK_S, every=10)
 
 
 def server_jobs(user: str) -> list[str]:
