@@ -9,7 +9,7 @@ from pyhpc.paths import LAB_CLUSTER
 from pyhpc.slurm.jobspec import JobSpec, JobSpecError, check
 
 
-def test_sbatch_partition_is_the_default_and_a_given_partition_wins(monkeypatch) -> None:
+def test_sbatch_partition_is_the_default_and_a_given_partition_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     lab = load(LAB_CLUSTER)
     names = [p.name for p in lab.partitions]
     other = next(n for n in names if n != lab.default_partition.name)
@@ -21,7 +21,7 @@ def test_sbatch_partition_is_the_default_and_a_given_partition_wins(monkeypatch)
 
 
 @pytest.mark.parametrize("value", ["cpu,gpu", "no such partition", "$(id)"])
-def test_a_bad_sbatch_partition_is_one_line_naming_it(monkeypatch, value: str) -> None:
+def test_a_bad_sbatch_partition_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("SBATCH_PARTITION", value)
     with pytest.raises(JobSpecError, match=r"^SBATCH_PARTITION: "):
         check(JobSpec(), load(LAB_CLUSTER))
