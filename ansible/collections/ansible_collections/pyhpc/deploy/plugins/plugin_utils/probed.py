@@ -6,24 +6,21 @@ A subclass names its module and writes `settle`, which returns the module's unch
 answer or None. None is the safe answer: anything the probe does not understand, an
 argument it does not know, a read that fails, or any change runs the module, so every
 write and every error message is Ansible's. The decisions themselves are pure functions
-(asked.py, edits.py, accounts.py).
+(asked.py, probe.py).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.pyhpc.deploy.plugins.plugin_utils import asked, edits
-
-Decide = Callable[[dict[str, Any], bytes], "dict[str, Any] | None"]
+from ansible_collections.pyhpc.deploy.plugins.plugin_utils import asked
 
 
 class ProbedAction(ActionBase):
     """A module run only where `settle` cannot answer that it would change nothing."""
 
     _supports_check_mode = True
-    #: The module this action stands for, e.g. ``ansible.legacy.lineinfile``.
+    #: The module this action stands for, e.g. ``ansible.legacy.slurp``.
     module = ""
 
     def settle(self, args: dict[str, Any]) -> dict[str, Any] | None:
@@ -51,20 +48,3 @@ class ProbedAction(ActionBase):
         self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
 
-
-class EditAction(ProbedAction):
-    """A file-editing module, run only where `decide` finds that it would change the file."""
-
-    decide: Decide
-
-    def settle(self, args: dict[str, Any]) -> dict[str, Any] | None:
-        path = edits.path_of(args)
-        content = self.read(path) if path else None
-        return None if content is None else type(self).decide(args, content)
-
-
-def edit_action(name: str, decide: Decide) -> type[EditAction]:
-    """pyhpc.deploy.NAME's action: ansible.builtin.NAME, decided first by `decide`."""
-    return type("ActionModule", (EditAction,), {
-        "module": f"ansible.legacy.{name}", "decide": staticmethod(decide), "__module__": __name__,
-        "__doc__": f"ansible.builtin.{name}, the file read and decided first."})
