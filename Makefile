@@ -117,7 +117,7 @@ bench-crash: venv lab-up ## Benchmark the controller-crash window: accepted jobs
 bench-monitoring: venv lab-up ## Benchmark monitoring: training samples/s with and without it (ABBA), scrape cost at 4 and 68 nodes, Slurm commands per scrape (~20 min; redeploys the lab).
 	$(PY) -m benchmarks.monitoring
 
-bench-hub: venv lab-up ## Benchmark the hub: twenty participants start their servers at once; time until all run, the hub's memory (~10 min; redeploys the lab).
+bench-hub: venv lab-up ## Benchmark the hub: twenty participants start their servers at once, nodes declared with this machine's CPUs and with 16; how many run, time until they do, the hub's memory (~10 min; redeploys the lab).
 	$(PY) -m benchmarks.hub
 
 bench-workshop: venv lab-up ## Benchmark a day-one workshop: workshop create (and again) and delete of 200 participants, directory and accounting real (~3 min).

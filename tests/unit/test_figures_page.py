@@ -32,10 +32,11 @@ def test_a_result_file_without_a_table_is_refused(tmp_path: Path) -> None:
 
 def test_a_changed_figure_changes_the_page(tmp_path: Path) -> None:
     doc = json.loads((record.RESULTS / "hub.json").read_text())
-    doc["figures"]["all_ready_s"] = 99.5
+    doc["figures"]["declared"]["last_serving_s"] = 99.5
     (tmp_path / "hub.json").write_text(json.dumps(doc))
     page = figures_page.render(tmp_path)
-    assert "| time until all run | 99.5 s | — | 2026-11-26 |" in page
+    assert (f"| time until all run, 16 CPUs declared a node | 99.5 s | — | {doc['date'][:10]} |"
+            in page)
 
 
 def test_a_missed_target_says_so_and_a_carried_part_keeps_its_date() -> None:
