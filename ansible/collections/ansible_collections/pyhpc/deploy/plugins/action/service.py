@@ -11,9 +11,9 @@ choice and probes only where it can answer as that module would:
   only its locale in the environment), read with the module's own rules (`running`), and
   an `S??NAME` link in `/etc/rc?.d` where `enabled: true` is asked.
 A unit that is not active has its failure (and start limit) reset before the module
-starts it, and every unit before the module restarts it. Only `name`, `state: started` and `enabled: true` take this path; a stopped or disabled
-service, any other argument, check mode or async runs the module, so every start and enable
-is Ansible's.
+starts it, and every unit before the module restarts it. Only `name`, `state: started`
+and `enabled: true` take the probe; a stopped or disabled service, any other argument,
+check mode or async runs the module, so every start and enable is Ansible's.
 """
 from __future__ import annotations
 
