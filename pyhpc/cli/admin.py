@@ -1,6 +1,7 @@
 """The admin commands of the ``pyhpc`` CLI: ``directory sync``, ``workshop create|delete|
-list`` and ``admin backup now|list|verify``. Each parses its arguments and makes one call
-into :mod:`pyhpc.admin.directory`, :mod:`pyhpc.admin.workshop` or :mod:`pyhpc.admin.backup`;
+list``, ``admin backup now|list|verify`` and ``admin upgrade plan``. Each parses its arguments
+and makes one call into :mod:`pyhpc.admin.directory`, :mod:`pyhpc.admin.workshop`,
+:mod:`pyhpc.admin.backup` or :mod:`pyhpc.admin.upgrade`;
 run as root (workshops and the directory on the login host, backups where the state is).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from pyhpc import cluster, paths
 from pyhpc.admin import backup, directory_sync, restore, workshop
+from pyhpc.admin import upgrade as upgrade_plan
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -115,6 +117,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade_plan(args: argparse.Namespace) -> int:
+    done = upgrade_plan.plan(_cluster(), Path(args.inventory) if args.inventory else None)
+    _emit(done, args.json, upgrade_plan.text(done))
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     """Register the admin commands on the CLI's subparsers."""
     p = sub.add_parser("directory", help="admin: the user directory (LDAP)")
@@ -160,7 +168,7 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_workshop_list)
 
-    p = sub.add_parser("admin", help="admin: the cluster's backups")
+    p = sub.add_parser("admin", help="admin: the cluster's backups and upgrades")
     asub = p.add_subparsers(dest="admin_command", required=True, metavar="SUBCOMMAND")
     b = asub.add_parser("backup", help="backups of accounting, the directory, munge's key, "
                         "the secrets and Slurm's configuration (the definition's backup "
@@ -189,3 +197,14 @@ def add_commands(sub: Any) -> None:
     s.add_argument("name", nargs="?", help="the backup (default: this host's newest good one)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_restore)
+    u = asub.add_parser("upgrade", help="move the cluster to Debian 13 and Slurm 24.11 "
+                        "(docs/admin/upgrades.md)")
+    usub = u.add_subparsers(dest="upgrade_command", required=True, metavar="SUBCOMMAND")
+    s = usub.add_parser("plan", help="read-only: every host's versions now and after, "
+                        "whether SchedMD supports the Slurm jump, what is drained, the "
+                        "backups and their size, the phases, the time no job can start")
+    s.add_argument("--inventory", metavar="HOSTS_YML", help="the Ansible inventory the "
+                   "cluster was deployed from (required in mode hosts; mode lab: this "
+                   "machine)")
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
+    s.set_defaults(func=cmd_upgrade_plan)

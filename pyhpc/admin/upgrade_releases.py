@@ -1,0 +1,101 @@
+"""The facts an upgrade plan rests on, as data: what each Debian release ships, and which
+Slurm releases SchedMD supports upgrading to which.
+
+Bookworm's versions are what ``apt-cache policy`` shows on Debian 12 (the lab). Trixie's
+come from Debian 13's archive (packages.debian.org, trixie); they are not read from a
+host, so check them against ``apt-cache policy`` on a Debian 13 host when trixie moves.
+Bookworm-backports has no Slurm: 22.05 is Debian 12's only Slurm.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pyhpc.errors import PyhpcError
+
+
+class UpgradeError(PyhpcError):
+    """Something blocks the plan (a host down, a mixed cluster, an unknown version ...)."""
+
+
+#: The components the plan follows, each by the Debian packages that carry it (the first
+#: one installed on a host gives its version there).
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "slurm": ("slurmctld", "slurmdbd", "slurmd", "slurm-client"),
+    "mariadb": ("mariadb-server",),
+    "slapd": ("slapd",),
+    "munge": ("munge",),
+    "prometheus": ("prometheus",),
+}
+PACKAGES = tuple(p for names in COMPONENTS.values() for p in names)
+
+
+@dataclass(frozen=True)
+class Release:
+    number: str  # /etc/debian_version's major
+    codename: str
+    versions: dict[str, str]  # component -> upstream version
+
+
+DEBIAN: dict[str, Release] = {
+    "bookworm": Release("12", "bookworm", {"slurm": "22.05.8", "mariadb": "10.11",
+                                           "slapd": "2.5", "munge": "0.5.15",
+                                           "prometheus": "2.42"}),
+    "trixie": Release("13", "trixie", {"slurm": "24.11.5", "mariadb": "11.8",
+                                       "slapd": "2.6.10", "munge": "0.5.16",
+                                       "prometheus": "2.53"}),
+}
+#: The move pyhpc plans: from this release to the next.
+UPGRADES = {"bookworm": "trixie"}
+
+#: SchedMD's rule, release by release: the releases whose slurmdbd database and
+#: slurmctld state (StateSaveLocation) a release takes over. Up to 24.05 a release accepts
+#: the two before it; from 24.11 on, the three before it (slurm.schedmd.com/upgrades.html).
+UPGRADES_FROM: dict[str, tuple[str, ...]] = {
+    "21.08": ("20.11", "20.02"),
+    "22.05": ("21.08", "20.11"),
+    "23.02": ("22.05", "21.08"),
+    "23.11": ("23.02", "22.05"),
+    "24.05": ("23.11", "23.02"),
+    "24.11": ("24.05", "23.11", "23.02"),
+    "25.05": ("24.11", "24.05", "23.11"),
+    "25.11": ("25.05", "24.11", "24.05"),
+}
+KNOWN = tuple(sorted({*UPGRADES_FROM, *(r for v in UPGRADES_FROM.values() for r in v)}))
+SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
+
+
+def upstream(debian_version: str) -> str:
+    """``1:10.11.19-0+deb12u1`` -> ``10.11.19``: no epoch, no Debian revision."""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0].split("+", 1)[0]
+
+
+def slurm_major(version: str, where: str) -> str:
+    """``22.05.8`` -> ``22.05``; refused unless the rule above knows the release."""
+    match = SLURM_VERSION.fullmatch(version)
+    major = f"{match.group(1)}.{match.group(2)}" if match else None
+    if major not in KNOWN:
+        raise UpgradeError(f"{where}: unknown Slurm version {version!r}; the upgrade rule "
+                           f"knows {', '.join(KNOWN)} (pyhpc/admin/upgrade_releases.py)")
+    return major
+
+
+def supported(old: str, new: str) -> bool:
+    """Whether SchedMD supports ``new`` taking over ``old``'s state and database directly."""
+    return old == new or old in UPGRADES_FROM.get(new, ())
+
+
+def chain(old: str, new: str) -> tuple[str, ...]:
+    """The fewest supported jumps from ``old`` to ``new``: the releases passed through,
+    ``old`` and ``new`` included; empty where none leads there."""
+    paths: list[tuple[str, ...]] = [(old,)]
+    seen = {old}
+    while paths:
+        path = paths.pop(0)
+        if path[-1] == new:
+            return path
+        for nxt in sorted(r for r, accepts in UPGRADES_FROM.items() if path[-1] in accepts):
+            if nxt not in seen:
+                seen.add(nxt)
+                paths.append((*path, nxt))
+    return ()
