@@ -8,7 +8,8 @@ before anything reaches Slurm.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pyhpc import validate
@@ -79,6 +80,31 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
 }
 BOUNDS: dict[str, tuple[int, int]] = {
     f.name: f.metadata["bounds"] for f in fields(JobSpec) if "bounds" in f.metadata}
+
+
+#: The older keyword of a field: ``name`` is pyhpc.submit's and submit_array's job name.
+ALIASES = {"name": "job_name"}
+#: Every resource keyword the submit functions take: the fields, then the aliases.
+KEYWORDS = (*(f.name for f in fields(JobSpec)), *ALIASES)
+
+
+def resources(given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``given`` split into (resource keywords, the rest), an alias under its field's name."""
+    asked = {ALIASES.get(k, k): v for k, v in given.items() if k in KEYWORDS}
+    both = [k for k, v in ALIASES.items() if k in given and v in given]
+    if both:
+        raise JobSpecError(f"{both[0]}: give {both[0]} or {ALIASES[both[0]]}, not both")
+    return asked, {k: v for k, v in given.items() if k not in KEYWORDS}
+
+
+def with_keywords(spec: JobSpec | None, given: Mapping[str, Any]) -> JobSpec:
+    """``spec`` (default: an empty one) with the JobSpec fields ``given`` as keywords (the
+    one keyword set of pyhpc.submit, submit_array and submit_script); another keyword is
+    refused with the allowed ones."""
+    asked, rest = resources(given)
+    if rest:
+        raise JobSpecError(f"{sorted(rest)[0]}: not a resource; allowed: {', '.join(KEYWORDS)}")
+    return replace(spec or JobSpec(), **asked)
 
 
 def check_value(key: str, value: object) -> Any:

@@ -19,7 +19,7 @@ import sys
 import time as _time
 import time as clock
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -185,48 +185,53 @@ def submit_spec(call: Callable[..., Any], spec: JobSpec, folder: str | Path, clu
     return job
 
 
-def submit(fn: Callable[..., Any], *args: Any, nodes: int = 1, tasks_per_node: int | None = None,
-           gpus_per_node: int = 0, partition: str | None = None,
-           cpus_per_task: int | None = None, time: str = jobspec.DEFAULT_TIME,
-           name: str = "pyhpc", folder: str | Path = DEFAULT_FOLDER / "%j",
-           distributed: bool = True, cluster: Cluster | None = None,
-           reservation: str | None = None, **kwargs: Any) -> Any:
-    """Run ``fn(*args, **kwargs)`` on ``nodes`` nodes; returns a submitit Job.
+def _function_spec(spec: JobSpec | None, given: Mapping[str, Any], cluster: Cluster) -> JobSpec:
+    """The checked spec of a function's job: ``spec`` with the resource keywords ``given``;
+    its job name defaults to pyhpc. An array is pyhpc.submit_array's (one per item)."""
+    wanted = jobspec.with_keywords(spec, given)
+    if wanted.array is not None:
+        raise SubmitError("array: a function's array is its items; call "
+                          "pyhpc.submit_array(fn, items)", "array")
+    return check(replace(wanted, job_name=wanted.job_name or "pyhpc"), cluster)
 
-    ``tasks_per_node`` defaults to one task per GPU (one per node without GPUs).
-    The partition defaults to the cluster's default, and GPUs are requested only
-    where the partition has them; asking for more is an error, before any sbatch.
-    ``reservation`` defaults to SBATCH_RESERVATION, else the caller's one active one.
+
+def submit(fn: Callable[..., Any], *args: Any, spec: JobSpec | None = None,
+           folder: str | Path = DEFAULT_FOLDER / "%j", distributed: bool = True,
+           cluster: Cluster | None = None, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` as a job of ``spec``; returns a submitit Job.
+
+    The resources are a :class:`~pyhpc.slurm.jobspec.JobSpec`, or its fields as keywords
+    (``nodes=2, gpus_per_node=1``; ``name`` for ``job_name``), which override the spec's;
+    every other keyword is ``fn``'s. ``tasks_per_node`` defaults to one task per GPU (one
+    per node without GPUs). The partition defaults to the cluster's default, and GPUs are
+    requested only where the partition has them; asking for more is an error, before any
+    sbatch. ``reservation`` defaults to SBATCH_RESERVATION, else the caller's one active one.
     """
     the_cluster = cluster_or_default(cluster)
-    spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
-                         cpus_per_task=cpus_per_task, partition=partition, time=time,
-                         job_name=name, reservation=reservation), the_cluster)
-    return submit_spec(Distributed(fn) if distributed else fn, spec, folder, the_cluster, args, kwargs)
+    given, kwargs = jobspec.resources(kwargs)
+    checked = _function_spec(spec, given, the_cluster)
+    return submit_spec(Distributed(fn) if distributed else fn, checked, folder, the_cluster,
+                       args, kwargs)
 
 
-def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], nodes: int = 1,
-                 tasks_per_node: int | None = None, gpus_per_node: int = 0,
-                 partition: str | None = None, cpus_per_task: int | None = None,
-                 time: str = jobspec.DEFAULT_TIME, name: str = "pyhpc",
+def submit_array(fn: Callable[[Any], Any], items: Sequence[Any], *, spec: JobSpec | None = None,
                  folder: str | Path = DEFAULT_FOLDER / "%j", parallelism: int = 256,
-                 cluster: Cluster | None = None, reservation: str | None = None) -> list[Any]:
+                 cluster: Cluster | None = None, **resources: Any) -> list[Any]:
     """Run ``fn(item)`` for every item as ONE Slurm job array (one sbatch, one pickle
     folder); returns a submitit Job per item. Far cheaper than a submit per item:
     slurmctld gets one request. ``parallelism`` caps the tasks running at once (1-100000).
+    The resources are :func:`submit`'s: a JobSpec, or its fields as keywords.
     """
     import submitit
 
     if not items:
         raise SubmitError("items: nothing to submit (give at least one)", "items")
     the_cluster = cluster_or_default(cluster)
-    spec = check(JobSpec(nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
-                         cpus_per_task=cpus_per_task, partition=partition, time=time,
-                         job_name=name, reservation=reservation), the_cluster)
+    checked = _function_spec(spec, resources, the_cluster)
     width = int(validate.number("parallelism", parallelism, 1, 100000, error=SubmitError))
     pattern = job_folder(folder)
-    choice = reserve(spec)
-    executor = _executor(spec, pattern, choice.name)
+    choice = reserve(checked)
+    executor = _executor(checked, pattern, choice.name)
     executor.update_parameters(slurm_array_parallelism=width)
     try:
         with files.private_umask(), _quiet_submitit():
@@ -291,11 +296,17 @@ def sbatch(script: str | Path, options: Sequence[str] = (), test_only: bool = Fa
 
 def submit_script(script: str | Path, spec: JobSpec | None = None,
                   cluster: Cluster | None = None, test_only: bool = False,
-                  only: set[str] | None = None) -> ScriptJob:
+                  only: set[str] | None = None, **resources: Any) -> ScriptJob:
     """sbatch an existing script; a ``spec`` (checked first) overrides its #SBATCH lines
-    (all its fields, or the ``only`` ones the caller set). The job's record keeps a copy
-    of the script as it was submitted."""
+    (all its fields, or the ``only`` ones the caller set). The resources are
+    :func:`submit`'s keywords too: each given overrides its line, and only those do when
+    no ``spec`` is given. The job's record keeps a copy of the script as it was submitted."""
     the_cluster = cluster_or_default(cluster)
+    if resources:
+        asked, _ = jobspec.resources(resources)
+        if only is not None or spec is None:
+            only = {*(only if only is not None else ()), *asked}
+        spec = jobspec.with_keywords(spec, resources)
     checked = check(spec, the_cluster) if spec else None
     options = jobspec.sbatch_args(checked, only) if checked else []
     if test_only:

@@ -170,3 +170,67 @@ def test_submit_array_refuses_bad_input_before_sbatch(kwargs, message, fake_sbat
                        else JobSpecError, match=message):
         pyhpc.submit_array(abs, cluster=lab, folder="arr/%j", **kwargs)
     assert not fake_sbatch.exists()
+
+
+# --- one keyword set: a JobSpec, or its fields as keywords, for all three -------------------
+
+
+def _sbatch_script(log: Path) -> str:
+    (call,) = [c for c in log.read_text().splitlines() if c.startswith("sbatch")]
+    return Path(call.split()[-1]).read_text()
+
+
+def test_submit_takes_a_jobspec_and_its_fields_as_keywords_alike(fake_sbatch: Path,
+                                                                 lab: cluster.Cluster) -> None:
+    pyhpc.submit(print, spec=JobSpec(nodes=2, partition="gpu", gpus_per_node=2, job_name="a"),
+                 cluster=lab, folder="one/%j")
+    by_spec = _sbatch_script(fake_sbatch)
+    fake_sbatch.unlink()
+    pyhpc.submit(print, nodes=2, partition="gpu", gpus_per_node=2, name="a", cluster=lab,
+                 folder="two/%j")
+    by_keywords = _sbatch_script(fake_sbatch)
+    assert "#SBATCH --job-name=a" in by_spec
+    assert by_spec.replace("one/", "two/") == by_keywords
+
+
+def test_a_keyword_overrides_the_specs_field_and_the_rest_are_the_functions(
+        fake_sbatch: Path, lab: cluster.Cluster, tmp_path: Path) -> None:
+    job = pyhpc.submit(print, "hi", spec=JobSpec(nodes=1, partition="gpu"), nodes=2, sep="-",
+                       job_name="b", cluster=lab, folder="kw/%j")
+    script = _sbatch_script(fake_sbatch)
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --job-name=b" in script
+    assert job.job_id == "4243"
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda lab: pyhpc.submit(print, array="0-3", cluster=lab), r"^array: a function's array is its items"),
+    (lambda lab: pyhpc.submit(print, name="a", job_name="b", cluster=lab), r"^name: give name or job_name"),
+    (lambda lab: pyhpc.submit_array(abs, [1], nodez=2, cluster=lab),
+     r"^nodez: not a resource; allowed: nodes, tasks_per_node, .*, reservation, name$"),
+    (lambda lab: submit_script("ok.sh", nodez=2, cluster=lab), r"^nodez: not a resource"),
+])
+def test_a_keyword_outside_the_set_is_refused_before_sbatch(call, message, fake_sbatch: Path,
+                                                            lab: cluster.Cluster,
+                                                            tmp_path: Path) -> None:
+    (tmp_path / "ok.sh").write_text("#!/bin/bash\n")
+    with pytest.raises(pyhpc.PyhpcError, match=message):
+        call(lab)
+    assert not fake_sbatch.exists()
+
+
+def test_submit_array_takes_a_jobspec(fake_sbatch: Path, lab: cluster.Cluster) -> None:
+    jobs = pyhpc.submit_array(abs, [1, 2], spec=JobSpec(partition="cpu", time="00:05:00"),
+                              cluster=lab, folder="arr/%j")
+    assert "#SBATCH --time=5" in _sbatch_script(fake_sbatch)
+    assert len(jobs) == 2
+
+
+def test_submit_scripts_keywords_override_only_their_lines(fake_sbatch: Path, lab: cluster.Cluster,
+                                                           tmp_path: Path) -> None:
+    (tmp_path / "ok.sh").write_text("#!/bin/bash\n#SBATCH --time=00:01:00\n")
+    submit_script("ok.sh", nodes=2, cluster=lab)
+    assert fake_sbatch.read_text().split()[4:] == ["sbatch", "--parsable", "--nodes=2", "--", "ok.sh"]
+    fake_sbatch.unlink()
+    submit_script("ok.sh", JobSpec(nodes=2), job_name="c", cluster=lab)  # a spec: all its fields
+    assert "--job-name=c" in fake_sbatch.read_text().split()
+    assert "--time=00:10:00" in fake_sbatch.read_text().split()
