@@ -69,6 +69,9 @@ class Host:
 
     def render(self, template: str, **extra: Any) -> str:
         """As the template module renders it (trim_blocks, backslashes kept)."""
+        # A value that names the role's variables ("{{ monitoring_initd }}") is one, as a task's vars.
+        extra = {k: trust_as_template(v) if isinstance(v, str) and "{{" in v else v
+                 for k, v in extra.items()}
         templar = self.templar.copy_with_new_env(available_variables={**self.vars, **extra})
         source = trust_as_template((ROLE / "templates" / template).read_text())
         text: str = templar.template(source, escape_backslashes=False,

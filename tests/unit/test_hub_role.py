@@ -25,7 +25,7 @@ from pyhpc.slurm import as_user, slurm
 ROLE = paths.ROOT / "ansible" / "roles" / "jupyterhub"
 TEMPLATES = {"jupyterhub_config.py": "etc/pyhpc/hub/jupyterhub_config.py.j2",
              "sudoers": "etc/sudoers.d/pyhpc-hub.j2", "pam": "etc/pam.d/pyhpc-hub.j2",
-             "init": "etc/init.d/pyhpc-hub.j2"}
+             "init": "pyhpc-init.d.j2"}
 #: Golden case -> inventory, the jupyterhub section, host facts.
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "lab": ("lab", {}, {"inventory_hostname": "localhost", "fqdn": "labhost.example"}),
@@ -82,9 +82,12 @@ def resolve(env: NativeEnvironment, value: Any, ctx: dict[str, Any]) -> Any:
 
 
 def render(case: str, name: str, **extra: Any) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROLE / "templates"), trim_blocks=True,
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(
+        [ROLE / "templates", paths.ROOT / "ansible" / "templates"]), trim_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["to_json"] = to_json
+    if name == "init":  # pyhpc's one init script, from the role's data (the task's vars)
+        extra = {"initd": "{{ jupyterhub_initd }}", **extra}
     return env.get_template(TEMPLATES[name]).render(context(case, **extra))
 
 

@@ -38,6 +38,8 @@ ADDRESSES = {"ctl": "10.89.77.10", "db": "10.89.77.11", "login": "10.89.77.12",
 
 
 EVAL = Path(__file__).with_name("role_eval.py")
+#: pyhpc's one init script, rendered from the role's data for an exporter, as the task does.
+INIT, INITD = str(paths.ROOT / "ansible" / "templates" / "pyhpc-init.d.j2"), "{{ monitoring_initd }}"
 #: pyhpc's exporters answer over TLS, to Prometheus' client certificate only.
 TLS_ARGS = ["--tls-cert", "/etc/pyhpc/monitoring/monitoring.crt", "--tls-key",
             "/etc/pyhpc/monitoring/exporter.key", "--client-ca", "/etc/pyhpc/monitoring/ca.crt"]
@@ -298,7 +300,7 @@ def test_every_daemon_listens_on_the_hosts_address_only(hostlab: Roles) -> None:
 
 def test_the_exporters_init_scripts_go_by_pid_file_only(lab: Roles, shellcheck: str) -> None:
     own = lab["localhost"].get("monitoring_own_services")
-    scripts = lab.ask(*(T("localhost", "etc/init.d/pyhpc-exporter.j2", monitoring_service=s)
+    scripts = lab.ask(*(T("localhost", INIT, monitoring_service=s, initd=INITD)
                         for s in own))
     assert len(scripts) == 2
     for service, script in zip(own, scripts, strict=True):
@@ -323,8 +325,7 @@ def test_a_new_lab_node_list_changes_the_job_exporters_service() -> None:
                       sysv=True)
         service = next(s for s in roles["localhost"].get("monitoring_own_services")
                        if s["name"] == "pyhpc-job-exporter")
-        return roles["localhost"].render("etc/init.d/pyhpc-exporter.j2",
-                                         monitoring_service=service)
+        return roles["localhost"].render(INIT, monitoring_service=service, initd=INITD)
 
     assert script("cluster.yml") != script("ddl256.yml")
 
@@ -466,7 +467,7 @@ def test_new_code_or_a_new_certificate_changes_the_exporters_services(lab: Roles
     service = lab["localhost"].get("monitoring_own_services")[0]
 
     def script(code: str, cert: str) -> str:
-        return lab["localhost"].render("etc/init.d/pyhpc-exporter.j2", monitoring_service=service,
+        return lab["localhost"].render(INIT, monitoring_service=service, initd=INITD,
                                        monitoring_code={"stdout": code},
                                        monitoring_server_files={"results": [{}, {"content": cert}]})
 
