@@ -44,8 +44,8 @@ ESTIMATE_SOURCE = ("assumed, not measured: pyhpc/admin/upgrade.py ESTIMATE (per-
 BACKUPS = {"accounting": ("accounting", "mysqldump --single-transaction"),
            "directory": ("directory", "slapcat"),
            "slurm state": ("state", "tar of StateSaveLocation"),
-           "munge key": ("munge_key", "tar of /etc/munge/munge.key"),
-           "secrets": ("secrets", "tar of /etc/pyhpc/secrets")}
+           "munge key": ("munge_key", f"tar of {facts_mod.PATHS['MUNGE_KEY']}"),
+           "secrets": ("secrets", f"tar of {facts_mod.PATHS['SECRETS']}")}
 
 
 def _version(f: Facts, component: str) -> str | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyhpc.admin import backup
 from pyhpc.admin.upgrade_releases import PACKAGES, UpgradeError
 
 #: Roles in SchedMD's upgrade order; an empty dbd, directory or monitor group means the
@@ -27,6 +28,11 @@ ROLES = ("dbd", "directory", "monitor", "controller", "compute", "login")
 ON_CONTROLLER = ("dbd", "directory", "monitor")
 SSH_TIMEOUT_S = 15
 PROBE_TIMEOUT_S = 120
+
+#: The files the probe reads, where pyhpc's backup takes them from (one home: backup.py).
+PATHS = {"SLURM_CONF": "/etc/slurm/slurm.conf", "SLURMDBD_CONF": str(backup.SLURMDBD_CONF),
+         "SLAPD_CONFIG": str(backup.SLAPD_CONFIG), "MUNGE_KEY": str(backup.FILES[0]),
+         "SECRETS": str(backup.FILES[1])}
 
 #: Read-only. Prints ``key=value`` lines; sizes in bytes (``du -sb``); ``-`` where a thing
 #: is not on this host. The accounting size is MariaDB's own count of its tables' bytes.
@@ -38,21 +44,21 @@ echo "debian_version=$(cat /etc/debian_version 2>/dev/null)"
 dpkg-query -W -f 'package=${Package} ${Version} ${db:Status-Abbrev}\n' $PACKAGES 2>/dev/null
 size() { if [ -e "$1" ]; then du -sb "$1" | cut -f1; else echo -; fi; }
 conf() { [ -r "$1" ] && awk -F= -v k="$2" 'tolower($1)==tolower(k) {print $2; exit}' "$1"; }
-state=$(conf /etc/slurm/slurm.conf StateSaveLocation || true)
+state=$(conf "$SLURM_CONF" StateSaveLocation || true)
 if [ -n "$state" ] && [ -x /usr/sbin/slurmctld ]; then
   echo "state_dir=$state"; echo "size_state=$(size "$state")"
 fi
-echo "size_munge_key=$(size /etc/munge/munge.key)"
-echo "size_secrets=$(size /etc/pyhpc/secrets)"
-db=$(conf /etc/slurm/slurmdbd.conf StorageLoc || true)
+echo "size_munge_key=$(size "$MUNGE_KEY")"
+echo "size_secrets=$(size "$SECRETS")"
+db=$(conf "$SLURMDBD_CONF" StorageLoc || true)
 if [ -n "$db" ] && command -v mysql >/dev/null; then
   tables="SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables"
   echo "size_accounting=$(mysql -N -B -e "$tables WHERE table_schema = '$db'")"
   jobs="SELECT COUNT(*) FROM \`${CLUSTER}_job_table\`"
   echo "job_records=$(mysql -N -B -e "$jobs" "$db" 2>/dev/null || echo -)"
 fi
-if [ -n "$BASE_DN" ] && [ -d /etc/ldap/slapd.d ] && command -v slapcat >/dev/null; then
-  ldif=$(slapcat -F /etc/ldap/slapd.d -b "$BASE_DN" -o ldif-wrap=no 2>/dev/null | wc -c)
+if [ -n "$BASE_DN" ] && [ -d "$SLAPD_CONFIG" ] && command -v slapcat >/dev/null; then
+  ldif=$(slapcat -F "$SLAPD_CONFIG" -b "$BASE_DN" -o ldif-wrap=no 2>/dev/null | wc -c)
   echo "size_directory=$ldif"
 fi
 if [ -n "$BACKUP" ]; then
@@ -156,8 +162,9 @@ def parse(host: Host, text: str) -> Facts:
 
 def probe(host: Host, cluster: str, base_dn: str, backup: str) -> Facts:
     """Run :data:`PROBE` on ``host``; :class:`UpgradeError` where it cannot be reached."""
-    env = (f"PACKAGES={shlex.quote(' '.join(PACKAGES))} CLUSTER={shlex.quote(cluster)} "
-           f"BASE_DN={shlex.quote(base_dn)} BACKUP={shlex.quote(backup)}\n")
+    given = {"PACKAGES": " ".join(PACKAGES), "CLUSTER": cluster, "BASE_DN": base_dn,
+             "BACKUP": backup, **PATHS}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in given.items()) + "\n"
     try:
         proc = subprocess.run(_argv(host), input=env + PROBE, capture_output=True,
                               text=True, check=False, timeout=PROBE_TIMEOUT_S)
