@@ -269,7 +269,7 @@ def script_choice(path: Path, options: Sequence[str], cluster: Cluster) -> reser
     head = files.read_bytes(path, SCRIPT_LIMIT, "script").decode(errors="replace")
     own = reservations.script_options(head)
     partition = (_option(options, "partition") or own.get("partition")
-                 or cluster.default_partition.name)
+                 or jobspec.env_partition() or cluster.default_partition.name)
     given = _option(options, "reservation")
     where = "reservation"
     if given is None and "reservation" in own and not os.environ.get("SBATCH_RESERVATION"):
