@@ -1,12 +1,14 @@
-"""``pyhpc admin restore``: the accounting database back from this host's newest good backup.
+"""``pyhpc admin restore``: what this host holds, back from its newest good backup.
 
-For the db host after its loss: deployed anew (``make deploy``: MariaDB, slurmdbd, an
-empty job table), then restored. It refuses a database whose job table holds any job, so
-that nothing recorded is overwritten. Before anything changes the backup is verified (its
-checksums, and its dump loaded into a scratch database: :func:`pyhpc.admin.backup.verify`);
-then slurmdbd stops, the dump replaces the tables, slurmdbd starts again, and slurmctld
-sends it the records it queued meanwhile. The directory and the files are restored by hand
-(docs/admin/backups.md).
+For a host after its loss, deployed anew (``make deploy``), then restored. Its parts
+(:data:`PARTS`): ``accounting`` where slurmdbd's configuration names a database, the
+``directory`` where pyhpc's slapd serves ``base_dn`` (:mod:`pyhpc.admin.restore_directory`);
+``only`` picks one. Each refuses, before anything changes, a host that holds data: a job
+table with a job, a directory with an entry a deploy does not make. Then the backup is
+verified (its checksums, its dump loaded into a scratch database, its directory through
+``slapadd -u``: :func:`pyhpc.admin.backup.verify`). Accounting: slurmdbd stops, the dump
+replaces the tables, slurmdbd starts again, and slurmctld sends it the records it queued
+meanwhile. The files are restored by hand (docs/admin/backups.md).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc.admin import backup
+from pyhpc.admin import restore_directory as directory
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
 
@@ -28,17 +31,23 @@ class RestoreError(PyhpcError):
         super().__init__(f"restore: {message}", "restore")
 
 
-#: systemd's unit where it is PID 1, else the lab's init script.
-SLURMDBD = {"systemd": ["systemctl", "{verb}", "slurmdbd"],
-            "sysv": ["service", "pyhpc-slurmdbd", "{verb}"]}
+#: What a restore can bring back, in the order it does, and each part's file in a backup.
+PARTS = ("accounting", "directory")
+FILES = {"accounting": "accounting.sql.gz", "directory": directory.PART}
+#: Each daemon's command: systemd's unit where it is PID 1, else the lab's init script.
+SERVICES = {"slurmdbd": {"systemd": ["systemctl", "{verb}", "slurmdbd"],
+                         "sysv": ["service", "pyhpc-slurmdbd", "{verb}"]},
+            "slapd": {"systemd": ["systemctl", "{verb}", "slapd"],
+                      "sysv": ["service", "slapd", "{verb}"]}}
 
 
 def _manager() -> str:
     return "systemd" if Path("/run/systemd/system").is_dir() else "sysv"
 
 
-def _slurmdbd(verb: str) -> None:
-    argv = [part.format(verb=verb) for part in SLURMDBD[_manager()]]
+def service(name: str, verb: str) -> None:
+    """Start or stop daemon ``name`` (:data:`SERVICES`) the way this host runs it."""
+    argv = [part.format(verb=verb) for part in SERVICES[name][_manager()]]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RestoreError(f"{' '.join(argv)} failed: "
@@ -55,29 +64,87 @@ def jobs_held(cluster: Cluster, database: str) -> int:
     return int(backup.mysql(f"SELECT COUNT(*) FROM `{table}`", database).split()[0])
 
 
-def restore(cluster: Cluster, name: str | None = None) -> dict[str, Any]:
-    """Restore this host's accounting database from backup ``name`` (default: this host's
-    newest good one); returns what was done."""
-    if os.geteuid() != 0:
-        raise RestoreError("run as root")
-    database = backup.conf_value(backup.SLURMDBD_CONF, "StorageLoc")
-    if not database:
+def _accounting(cluster: Cluster) -> str | None:
+    """The accounting database this host holds (slurmdbd's StorageLoc), if any."""
+    return backup.conf_value(backup.SLURMDBD_CONF, "StorageLoc") if cluster.accounting else None
+
+
+def _held(cluster: Cluster, only: str | None) -> dict[str, Any]:
+    """The parts to restore (``only``, else every one this host holds): part -> where."""
+    here: dict[str, Any] = {}
+    if only in (None, "accounting") and (database := _accounting(cluster)):
+        here["accounting"] = database
+    if only in (None, "directory") and cluster.directory is not None \
+            and (db := directory.served(cluster.directory)) is not None:
+        here["directory"] = db
+    if only == "accounting" and not here:
         raise RestoreError(f"this host runs no slurmdbd ({backup.SLURMDBD_CONF} has "
                           "no StorageLoc): run it on the db host")
-    held = jobs_held(cluster, database)
-    if held:
-        raise RestoreError(f"the accounting database {database} already holds "
-                          f"{held} jobs; restore only onto a new, empty host (nothing was "
-                          "changed)")
+    if only == "directory" and not here:
+        raise RestoreError("this host runs no pyhpc slapd serving the definition's "
+                          "directory.base_dn: run it on the directory host")
+    if not here:
+        raise RestoreError("this host holds neither the accounting database nor pyhpc's "
+                          "directory: run it on the db host or the directory host")
+    return here
+
+
+def restore(cluster: Cluster, name: str | None = None,
+            only: str | None = None) -> dict[str, Any]:
+    """Restore what this host holds (``only``: that part of :data:`PARTS`) from backup
+    ``name`` (default: this host's newest good one); returns what was done."""
+    if os.geteuid() != 0:
+        raise RestoreError("run as root")
+    if only is not None and only not in PARTS:
+        raise RestoreError(f"--only: {only!r} is not a part; allowed: {', '.join(PARTS)}")
+    here = _held(cluster, only)
+    if "accounting" in here:
+        held = jobs_held(cluster, here["accounting"])
+        if held:
+            raise RestoreError(f"the accounting database {here['accounting']} already holds "
+                              f"{held} jobs; restore only onto a new, empty host"
+                              + ("" if only else " (--only directory restores the "
+                                 "directory alone)") + " (nothing was changed)")
+    now: list[str] = []
+    if "directory" in here:
+        assert cluster.directory is not None
+        here["directory"], now = directory.check(cluster.directory)
     checked = backup.verify(cluster, name)
-    if "jobs" not in checked:
-        raise RestoreError(f"{checked['name']} holds no accounting dump")
     folder = Path(cluster.backup.path if cluster.backup else "") / checked["name"]
+    missing = [p for p in here if not (folder / FILES[p]).exists()]
+    if missing:
+        raise RestoreError(f"{checked['name']} holds no {' and no '.join(missing)} part "
+                          f"({', '.join(FILES[p] for p in missing)}); name a backup that "
+                          "does, or --only the other part (nothing was changed)")
+    done: dict[str, Any] = {"name": checked["name"], "parts": list(here)}
+    if "accounting" in here:
+        done["accounting"] = _load_accounting(cluster, here["accounting"], folder)
+    if "directory" in here:
+        assert cluster.directory is not None
+        base_dn = cluster.directory.base_dn
+        ldif = folder / directory.PART
+        try:
+            seconds = directory.load(here["directory"], ldif, base_dn,
+                                     lambda verb: service("slapd", verb))
+        except PyhpcError as exc:
+            if "accounting" not in done:
+                raise
+            raise RestoreError(f"accounting was restored from {checked['name']}; the "
+                              f"directory was not: {str(exc).removeprefix('restore: ')}") \
+                from None
+        kept = {directory.norm_dn(dn) for dn in directory.backup_dns(ldif)}
+        done["directory"] = {
+            "base_dn": base_dn, "entries": len(kept), "seconds": round(seconds, 3),
+            "not_in_backup": [dn for dn in now if directory.norm_dn(dn) not in kept]}
+    return done
+
+
+def _load_accounting(cluster: Cluster, database: str, folder: Path) -> dict[str, Any]:
     started = time.monotonic()
-    _slurmdbd("stop")
+    service("slurmdbd", "stop")
     try:
-        backup.feed(["mysql", database], folder / "accounting.sql.gz", backup.DUMP_END)
+        backup.feed(["mysql", database], folder / FILES["accounting"], backup.DUMP_END)
     finally:
-        _slurmdbd("start")
-    return {"name": checked["name"], "database": database, "jobs": jobs_held(cluster, database),
+        service("slurmdbd", "start")
+    return {"database": database, "jobs": jobs_held(cluster, database),
             "seconds": round(time.monotonic() - started, 3)}

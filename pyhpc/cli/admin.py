@@ -111,9 +111,20 @@ def cmd_backup_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    done = restore.restore(_cluster(), args.name)
-    _emit(done, args.json, f"restored {done['database']} from {done['name']}: "
-          f"{done['jobs']} jobs, slurmdbd stopped for {done['seconds']} s")
+    done = restore.restore(_cluster(), args.name, args.only)
+    lines = [f"restored from {done['name']}:"]
+    if "accounting" in done:
+        a = done["accounting"]
+        lines.append(f"accounting: {a['database']}, {a['jobs']} jobs; slurmdbd stopped for "
+                     f"{a['seconds']} s")
+    if "directory" in done:
+        d = done["directory"]
+        lines.append(f"directory: {d['base_dn']}, {d['entries']} entries; slapd stopped for "
+                     f"{d['seconds']} s"
+                     + (f"; not in the backup (the next deploy's directory sync adds the "
+                        f"definition's back): {', '.join(d['not_in_backup'])}"
+                        if d["not_in_backup"] else ""))
+    _emit(done, args.json, "\n  ".join(lines))
     return 0
 
 
@@ -192,9 +203,13 @@ def add_commands(sub: Any) -> None:
                    help="a job id to look for in the restored accounting (repeatable)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_backup_verify)
-    s = asub.add_parser("restore", help="on a new db host: the accounting database back "
-                        "from this host's newest good backup (refused where it holds jobs)")
+    s = asub.add_parser("restore", help="on a new host: what it holds (the accounting "
+                        "database, pyhpc's directory) back from its newest good backup "
+                        "(refused where it holds jobs or directory entries a deploy does "
+                        "not make)")
     s.add_argument("name", nargs="?", help="the backup (default: this host's newest good one)")
+    s.add_argument("--only", choices=restore.PARTS, help="restore this part alone (default: "
+                   "every part this host holds)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_restore)
     u = asub.add_parser("upgrade", help="move the cluster to Debian 13 and Slurm 24.11 "
