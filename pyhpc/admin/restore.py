@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyhpc.admin import backup
-from pyhpc.admin import restore_directory as directory
+from pyhpc.admin import backup, restore_directory
 from pyhpc.cluster import Cluster
 from pyhpc.errors import PyhpcError
 
@@ -33,7 +32,7 @@ class RestoreError(PyhpcError):
 
 #: What a restore can bring back, in the order it does, and each part's file in a backup.
 PARTS = ("accounting", "directory")
-FILES = {"accounting": "accounting.sql.gz", "directory": directory.PART}
+FILES = {"accounting": "accounting.sql.gz", "directory": restore_directory.PART}
 #: Each daemon's command: systemd's unit where it is PID 1, else the lab's init script.
 SERVICES = {"slurmdbd": {"systemd": ["systemctl", "{verb}", "slurmdbd"],
                          "sysv": ["service", "pyhpc-slurmdbd", "{verb}"]},
@@ -75,7 +74,7 @@ def _held(cluster: Cluster, only: str | None) -> dict[str, Any]:
     if only in (None, "accounting") and (database := _accounting(cluster)):
         here["accounting"] = database
     if only in (None, "directory") and cluster.directory is not None \
-            and (db := directory.served(cluster.directory)) is not None:
+            and (db := restore_directory.served(cluster.directory)) is not None:
         here["directory"] = db
     if only == "accounting" and not here:
         raise RestoreError(f"this host runs no slurmdbd ({backup.SLURMDBD_CONF} has "
@@ -103,40 +102,45 @@ def restore(cluster: Cluster, name: str | None = None,
         if held:
             raise RestoreError(f"the accounting database {here['accounting']} already holds "
                               f"{held} jobs; restore only onto a new, empty host"
-                              + ("" if only else " (--only directory restores the "
-                                 "directory alone)") + " (nothing was changed)")
+                              + (", or --only directory" if "directory" in here else "")
+                              + " (nothing was changed)")
     now: list[str] = []
     if "directory" in here:
         assert cluster.directory is not None
-        here["directory"], now = directory.check(cluster.directory)
+        here["directory"], now = restore_directory.check(cluster.directory)
     checked = backup.verify(cluster, name)
     folder = Path(cluster.backup.path if cluster.backup else "") / checked["name"]
     missing = [p for p in here if not (folder / FILES[p]).exists()]
     if missing:
-        raise RestoreError(f"{checked['name']} holds no {' and no '.join(missing)} part "
-                          f"({', '.join(FILES[p] for p in missing)}); name a backup that "
-                          "does, or --only the other part (nothing was changed)")
+        rest = [p for p in here if p not in missing]
+        raise RestoreError(f"{checked['name']} holds no {' and no '.join(FILES[p] for p in missing)}"
+                          "; name a backup that does (pyhpc admin backup list)"
+                          + (f", or --only {rest[0]}" if rest else "") + " (nothing was changed)")
     done: dict[str, Any] = {"name": checked["name"], "parts": list(here)}
     if "accounting" in here:
         done["accounting"] = _load_accounting(cluster, here["accounting"], folder)
     if "directory" in here:
-        assert cluster.directory is not None
-        base_dn = cluster.directory.base_dn
-        ldif = folder / directory.PART
         try:
-            seconds = directory.load(here["directory"], ldif, base_dn,
-                                     lambda verb: service("slapd", verb))
+            done["directory"] = _load_directory(cluster, here["directory"], folder, now)
         except PyhpcError as exc:
             if "accounting" not in done:
                 raise
             raise RestoreError(f"accounting was restored from {checked['name']}; the "
                               f"directory was not: {str(exc).removeprefix('restore: ')}") \
                 from None
-        kept = {directory.norm_dn(dn) for dn in directory.backup_dns(ldif)}
-        done["directory"] = {
-            "base_dn": base_dn, "entries": len(kept), "seconds": round(seconds, 3),
-            "not_in_backup": [dn for dn in now if directory.norm_dn(dn) not in kept]}
     return done
+
+
+def _load_directory(cluster: Cluster, db: restore_directory.Database, folder: Path,
+                    now: list[str]) -> dict[str, Any]:
+    """The directory's part; ``now``: the DNs the database held before (the deploy's)."""
+    assert cluster.directory is not None
+    base_dn = cluster.directory.base_dn
+    ldif = folder / restore_directory.PART
+    seconds = restore_directory.load(db, ldif, base_dn, lambda verb: service("slapd", verb))
+    kept = {restore_directory.norm_dn(dn) for dn in restore_directory.backup_dns(ldif)}
+    return {"base_dn": base_dn, "entries": len(kept), "seconds": round(seconds, 3),
+            "not_in_backup": [dn for dn in now if restore_directory.norm_dn(dn) not in kept]}
 
 
 def _load_accounting(cluster: Cluster, database: str, folder: Path) -> dict[str, Any]:
