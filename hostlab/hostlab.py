@@ -27,8 +27,9 @@ Recipe (measured on a Debian 12 VM: no systemd on the host, cgroup v1):
     the host's cgroup namespace (with --cgroupns=private systemd stalls in
     "starting"), `--no-hosts` (the machine's /etc/hosts must not leak in);
   * one volume per host for /var/log, kept across down/up (removed by --purge);
-  * shared storage, the NFS stand-in: /opt/pyhpc, /home and /var/backups/pyhpc are
-    directories of this machine (STATE_DIR/shared) bind-mounted into every host;
+  * shared storage, the NFS stand-in: /opt/pyhpc, /home, /var/backups/pyhpc and
+    /srv/slurmctld are directories of this machine (STATE_DIR/shared) bind-mounted into
+    every host;
     /opt/wheels read-only.
 """
 from __future__ import annotations
@@ -83,8 +84,9 @@ CACHE = Path("/var/cache/pyhpc/hostlab")
 VOLUMES = {"log": "/var/log"}
 #: Shared storage, the NFS stand-in: one directory of this machine (below
 #: STATE_DIR/shared) bind-mounted at the same path into every host.
-#: /var/backups/pyhpc: the share the definition's backups land on (docs/admin/backups.md).
-SHARED = ("/opt/pyhpc", "/home", "/var/backups/pyhpc")
+#: /var/backups/pyhpc: the share the definition's backups land on (docs/admin/backups.md);
+#: /srv/slurmctld: a StateSaveLocation two controllers can share (docs/admin/controllers.md).
+SHARED = ("/opt/pyhpc", "/home", "/var/backups/pyhpc", "/srv/slurmctld")
 #: This machine's local wheels (the CPU torch), read-only in every host, where present.
 WHEELS = Path("/opt/wheels")
 RELEASES = ("trixie", "bookworm")

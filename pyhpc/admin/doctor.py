@@ -33,6 +33,7 @@ from pyhpc import cluster, paths
 from pyhpc.admin import gpucheck, runaway
 from pyhpc.errors import PyhpcError
 from pyhpc.hub import api as hub_api
+from pyhpc.slurm import rows as slurm_rows
 from pyhpc.slurm import slurm
 
 #: How long sacct gets to record the doctor's job (accounting is asynchronous).
@@ -86,9 +87,19 @@ class Doctor:
         return Check("munge", ok, "munge -n | unmunge: Success" if ok else f"unmunge: {_why(back)}")
 
     def slurmctld(self) -> Check:
+        """Which controller schedules. With a backup, the primary down fails the check: the
+        cluster runs, without the controller that would take over next."""
         proc = slurm.ping()
-        ok = proc.returncode == 0 and "UP" in proc.stdout
-        return Check("slurmctld", ok, proc.stdout.strip() if ok else f"scontrol ping: {_why(proc)}")
+        found = slurm_rows.controllers(proc.stdout)
+        chief = slurm_rows.in_charge(found)
+        if chief is None:
+            return Check("slurmctld", False, f"scontrol ping: {_why(proc)}")
+        down = [f"{row.role} {row.host} DOWN" for row in found if not row.up]
+        detail = f"{chief.host} in charge ({chief.role})"
+        if len(found) > 1:
+            detail += "; " + ", ".join(down or [f"{row.role} {row.host} UP"
+                                                for row in found if row is not chief])
+        return Check("slurmctld", not down, detail)
 
     def slurmdbd(self) -> Check:
         proc = slurm.clusters()

@@ -13,6 +13,7 @@ from typing import Any
 
 from pyhpc import validate, yamlio
 from pyhpc.cluster.backup import BACKUP_KEYS, Backup, parse_backup
+from pyhpc.cluster.controller import CONTROLLER_KEYS, Controller, parse_controller
 from pyhpc.cluster.monitoring import MONITORING_KEYS, Monitoring, parse_monitoring
 from pyhpc.cluster.schema import (
     MAX_ITEMS,
@@ -38,9 +39,9 @@ from pyhpc.cluster.users import (
 )
 from pyhpc.errors import echo
 
-__all__ = ["ACCOUNT_KEYS", "BACKUP_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET", "MAX_NODES",
-           "MONITORING_KEYS",
-           "Account", "Backup", "Cluster", "ConfigError", "Directory", "JupyterHub", "Limits",
+__all__ = ["ACCOUNT_KEYS", "BACKUP_KEYS", "CONTROLLER_KEYS", "DIRECTORY_KEYS", "DIRECTORY_SECRET",
+           "MAX_NODES", "MONITORING_KEYS",
+           "Account", "Backup", "Cluster", "ConfigError", "Controller", "Directory", "JupyterHub", "Limits",
            "Monitoring", "Node", "Partition", "listing", "load", "parse"]
 
 
@@ -58,6 +59,8 @@ TOP_KEYS = {
     "tuning": f"one of {', '.join(TUNINGS)} (slurm.conf; docs/tuning.md)",
     "slurmd_timeout": "seconds without word from a node's slurmd before slurmctld marks it "
                       "DOWN (slurm.conf SlurmdTimeout; default 300)",
+    "controller": "slurmctld's state directory and the backup controller's wait: "
+                  "state_save_location, timeout",
     "lab": "settings for mode: lab",
     "nodes": "list of node groups",
     "partitions": "list of partitions",
@@ -174,6 +177,7 @@ class Cluster:
     monitoring: Monitoring = field(default_factory=Monitoring)
     jupyterhub: JupyterHub | None = None
     backup: Backup | None = None
+    controller: Controller = field(default_factory=Controller)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -386,6 +390,7 @@ def parse(data: Any, ram_mb: int | None = None) -> Cluster:
                                     else range(0)),
         jupyterhub=_jupyterhub(data.get("jupyterhub"), nodes, mode, accounting, directory),
         backup=parse_backup(data.get("backup"), mode),
+        controller=parse_controller(data.get("controller")),
     )
 
 

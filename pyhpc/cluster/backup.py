@@ -58,7 +58,9 @@ def interval_seconds(where: str, value: Any) -> int:
     return seconds
 
 
-def _path(where: str, value: Any) -> str:
+def directory_path(where: str, value: Any, example: str = "/var/backups/pyhpc") -> str:
+    """An absolute directory of its own: no . or .. parts, none of :data:`FORBIDDEN`
+    (nor below the trees users write or the kernel's)."""
     path = name(where, value, kind="abspath")
     parts = path.rstrip("/").split("/")
     if ".." in parts or "." in parts:
@@ -70,7 +72,7 @@ def _path(where: str, value: Any) -> str:
                                    "/dev", "/run") and norm.startswith(bad + "/")):
             raise ConfigError(f"{where}: {norm} is not allowed; a directory of its own, "
                               "outside the system's directories and the trees users write "
-                              "(/home, /tmp, /opt/pyhpc), e.g. /var/backups/pyhpc")
+                              f"(/home, /tmp, /opt/pyhpc), e.g. {example}")
     return norm
 
 
@@ -96,7 +98,7 @@ def parse_backup(data: Any, mode: str) -> Backup | None:
         return None
     check_keys("backup", data, BACKUP_KEYS, ("path",))
     interval = data.get("interval", "1d")
-    return Backup(path=_path("backup.path", data["path"]),
+    return Backup(path=directory_path("backup.path", data["path"]),
                   kind=_kind(data.get("kind"), mode),
                   interval=interval,
                   interval_s=interval_seconds("backup.interval", interval),

@@ -327,3 +327,32 @@ def gres_gpu_files(node: str, gres_conf: str) -> list[str]:
             continue
         out += hostlist(listed)
     return out
+
+
+@dataclass(frozen=True)
+class Controller:
+    """One slurmctld of ``SlurmctldHost`` as ``scontrol ping`` reports it: ``role`` is
+    ``primary`` or ``backup`` (``backup2``..., Slurm's own words), ``up`` whether it
+    answered."""
+
+    role: str
+    host: str
+    up: bool
+
+
+#: ``Slurmctld(primary) at ctl is UP``: 22.05's and 24.11's line, one per SlurmctldHost.
+PING = re.compile(r"^Slurmctld\((primary|backup[0-9]*)\) at (\S+) is (UP|DOWN)\s*$")
+
+
+def controllers(text: str) -> list[Controller]:
+    """``scontrol ping``'s lines, in SlurmctldHost's order (the primary first); lines of any
+    other form are left out."""
+    found = (PING.match(line.strip()) for line in text.splitlines())
+    return [Controller(m.group(1), m.group(2), m.group(3) == "UP") for m in found if m]
+
+
+def in_charge(rows: list[Controller]) -> Controller | None:
+    """The controller that schedules: the first that answers. A primary that answers has
+    control (a returning primary takes it back from the backup before it answers), so a
+    backup is in charge only while every controller before it is down."""
+    return next((row for row in rows if row.up), None)

@@ -51,6 +51,13 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "hostlab": ("hostlab", "cluster.yml", {}),
     "ddl256": ("lab", "ddl256.yml", {}),
     "example-high-throughput": ("example", "cluster.yml", {"tuning": "high_throughput"}),
+    # A backup controller (db) beside the primary, their state on a share, a short takeover.
+    "hostlab-backup-controller": ("hostlab", "cluster.yml", {
+        "controller": {"state_save_location": "/srv/slurmctld", "timeout": 10}}),
+}
+#: Host facts of a case beyond its inventory's: the controller group's hostnames.
+CASE_HOSTS: dict[str, dict[str, Any]] = {
+    "hostlab-backup-controller": {"slurm_controller_hostnames": ["ctl", "db"]},
 }
 #: The RAM a lab definition is checked against here: the lab machine's 24 GiB, so goldens
 #: do not depend on the machine the tests run on.
@@ -65,8 +72,10 @@ def definition(case: str) -> dict[str, Any]:
 def context(case: str) -> dict[str, Any]:
     defaults = yaml.safe_load(DEFAULTS.read_text())
     ctx = {k: v for k, v in defaults.items() if not (isinstance(v, str) and "{{" in v)}
-    ctx.update(HOSTS[CASES[case][0]])
+    ctx.update(HOSTS[CASES[case][0]], **CASE_HOSTS.get(case, {}))
     ctx["slurm_cluster"] = cluster.parse(definition(case), RAM_MB).to_dict()
+    # The role's default: the definition's controller.state_save_location.
+    ctx["slurm_state_dir"] = ctx["slurm_cluster"]["controller"]["state_save_location"]
     ctx["slurm_dbd_db_password"] = "GOLDEN-PLACEHOLDER"
     return ctx
 
