@@ -7,7 +7,7 @@ whether slapd runs or not. A directory holding anything a deploy does not make i
 ``ou=groups``, the uid and gid counters and the definition's users (no password) and groups
 (``pyhpc directory sync``); a workshop's participants, a password, an admin's own entry are
 data. The load: slapd stops, its database directory is set aside, ``slapadd`` fills a new
-empty one (owned and private as the old one was), slapd starts and answers; then the old
+empty one (the old one's owner and mode), slapd starts and answers; then the old
 one is removed. On any failure the old one is put back and slapd started again.
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _answers(base_dn: str, wait_s: float = ANSWER_S) -> bool:
 
 
 def _fill(folder: Path, like: os.stat_result, ldif: Path, base_dn: str, config: Path) -> None:
-    """Create ``folder`` empty, owned and private as ``like``, and slapadd ``ldif`` into it."""
+    """Create ``folder`` empty, with ``like``'s owner and mode, and slapadd ``ldif`` into it."""
     folder.mkdir(mode=0o700)
     os.chown(folder, like.st_uid, like.st_gid)
     folder.chmod(like.st_mode & 0o7777)
