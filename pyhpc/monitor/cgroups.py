@@ -9,7 +9,8 @@ world-readable, so the exporter needs no privilege.
 
 A figure the tree does not have is None, never 0: with ``JobAcctGatherType=
 jobacct_gather/linux`` v1 has no ``cpuacct`` directory for jobs, and ``memory.peak``
-came with Linux 5.19.
+came with Linux 5.19. The figures are those cgroup_exporter (Jobstats' fork) reads from the
+same files, so :mod:`pyhpc.monitor.job_exporter` can give them its names.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ NVIDIA_MAJOR = 195
 NOT_A_GPU = (254, 255)
 #: Largest cgroup file read (devices.list of a job lists a few dozen lines).
 READ_LIMIT = 64 << 10
+#: A v1 memory limit at or above this is the kernel's "no limit" (PAGE_COUNTER_MAX).
+NO_LIMIT = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,13 @@ class JobUsage:
     memory_peak_bytes: int | None
     #: NVIDIA minors the job may open (v1 devices.list); None: not restricted, or not known.
     gpu_minors: frozenset[int] | None = None
+    cpu_user_seconds: float | None = None
+    cpu_system_seconds: float | None = None
+    #: Anonymous memory (v1 ``total_rss``, v2 ``anon`` plus ``swapcached``) and page cache.
+    memory_rss_bytes: int | None = None
+    memory_cache_bytes: int | None = None
+    #: The job's memory limit; None where it has none.
+    memory_limit_bytes: int | None = None
 
 
 def read_text(path: Path) -> str | None:
@@ -59,10 +69,24 @@ def read_int(path: Path) -> int | None:
     return int(text) if text is not None and text.strip().isdigit() else None
 
 
-def cpu_stat_seconds(text: str | None) -> float | None:
-    """``usage_usec`` of a v2 ``cpu.stat``, in seconds."""
-    match = re.search(r"^usage_usec (\d+)$", text or "", re.M)
-    return int(match.group(1)) / 1e6 if match else None
+def stat_value(text: str | None, key: str) -> int | None:
+    """One ``key value`` line of a ``cpu.stat`` or ``memory.stat``; None if absent."""
+    match = re.search(rf"^{re.escape(key)} (\d+)$", text or "", re.M)
+    return int(match.group(1)) if match else None
+
+
+def cpu_stat_seconds(text: str | None, key: str = "usage_usec") -> float | None:
+    """``usage_usec`` (or ``user_usec``, ``system_usec``) of a v2 ``cpu.stat``, in seconds."""
+    value = stat_value(text, key)
+    return value / 1e6 if value is not None else None
+
+
+def _seconds_ns(value: int | None) -> float | None:
+    return value / 1e9 if value is not None else None
+
+
+def _limit(value: int | None) -> int | None:
+    return value if value is not None and value < NO_LIMIT else None
 
 
 def allowed_gpu_minors(devices_list: str | None) -> frozenset[int] | None:
@@ -112,15 +136,21 @@ def read_v1(root: Path, host_node: str) -> list[JobUsage]:
     out = []
     for slurm_dir, uid_dir, job_name in found:
         rel = Path(slurm_dir, uid_dir, job_name)
-        usage_ns = read_int(cpu_root / rel / "cpuacct.usage")
+        cpu, memory = cpu_root / rel, root / "memory" / rel
+        stat = read_text(memory / "memory.stat")
         uid = uid_dir.removeprefix("uid_")
         out.append(JobUsage(
             node=_node(slurm_dir, False, host_node), job_id=job_name.removeprefix("job_"),
             uid=int(uid) if uid.isdigit() else None,
-            cpu_seconds=usage_ns / 1e9 if usage_ns is not None else None,
-            memory_bytes=read_int(root / "memory" / rel / "memory.usage_in_bytes"),
-            memory_peak_bytes=read_int(root / "memory" / rel / "memory.max_usage_in_bytes"),
-            gpu_minors=allowed_gpu_minors(read_text(root / "devices" / rel / "devices.list"))))
+            cpu_seconds=_seconds_ns(read_int(cpu / "cpuacct.usage")),
+            memory_bytes=read_int(memory / "memory.usage_in_bytes"),
+            memory_peak_bytes=read_int(memory / "memory.max_usage_in_bytes"),
+            gpu_minors=allowed_gpu_minors(read_text(root / "devices" / rel / "devices.list")),
+            cpu_user_seconds=_seconds_ns(read_int(cpu / "cpuacct.usage_user")),
+            cpu_system_seconds=_seconds_ns(read_int(cpu / "cpuacct.usage_sys")),
+            memory_rss_bytes=stat_value(stat, "total_rss"),
+            memory_cache_bytes=stat_value(stat, "total_cache"),
+            memory_limit_bytes=_limit(read_int(memory / "memory.limit_in_bytes"))))
     return out
 
 
@@ -129,12 +159,20 @@ def read_v2(root: Path, host_node: str) -> list[JobUsage]:
     its device controller is an eBPF program; GPUs come from Slurm's GRES index)."""
     out = []
     for job_dir in _job_dirs(root / "system.slice", "*slurmstepd.scope/job_*"):
+        cpu, stat = read_text(job_dir / "cpu.stat"), read_text(job_dir / "memory.stat")
+        anon = stat_value(stat, "anon")
         out.append(JobUsage(
             node=_node(job_dir.parent.name, True, host_node),
             job_id=job_dir.name.removeprefix("job_"), uid=None,
-            cpu_seconds=cpu_stat_seconds(read_text(job_dir / "cpu.stat")),
+            cpu_seconds=cpu_stat_seconds(cpu),
             memory_bytes=read_int(job_dir / "memory.current"),
-            memory_peak_bytes=read_int(job_dir / "memory.peak")))
+            memory_peak_bytes=read_int(job_dir / "memory.peak"),
+            cpu_user_seconds=cpu_stat_seconds(cpu, "user_usec"),
+            cpu_system_seconds=cpu_stat_seconds(cpu, "system_usec"),
+            memory_rss_bytes=anon + (stat_value(stat, "swapcached") or 0)
+            if anon is not None else None,
+            memory_cache_bytes=stat_value(stat, "file"),
+            memory_limit_bytes=read_int(job_dir / "memory.max")))  # "max": None, no limit
     return out
 
 

@@ -40,10 +40,11 @@ QUERIES = {
     "gpus_allocated": "sum(slurm_node_gpus_allocated) / sum(slurm_node_gpus)",
     "jobs": "sum by (state) (slurm_jobs)",
     "gpus_by_account": "sum by (account) (pyhpc_job_gpus)",
-    "cpus_held": "sum by (jobid, user, account) (pyhpc_job_cpus)",
-    "cpu_used": "sum by (jobid, user, account) (rate(pyhpc_job_cpu_seconds_total[{rate}]))",
+    "cpus_held": "sum by (jobid, user, account) (cgroup_cpus)",
+    "cpu_used": "sum by (jobid, user, account) (rate(cgroup_cpu_total_seconds[{rate}]))",
     "gpus_held": "sum by (jobid, user, account) (pyhpc_job_gpus)",
-    "gpu_used": 'avg by (jobid, user, account) (pyhpc_gpu_utilization_ratio{{jobid!=""}})',
+    # The GPU exporter's duty cycle is a percentage; the report's shares are 0..1.
+    "gpu_used": 'avg by (jobid, user, account) (nvidia_gpu_duty_cycle{{jobid!=""}}) / 100',
 }
 Series = list[tuple[dict[str, str], list[tuple[float, float]]]]
 

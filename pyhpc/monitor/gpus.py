@@ -18,7 +18,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One GPU now. ``utilization``: share of the last sample period a kernel ran (0..1)."""
+    """One GPU now. ``utilization``: share of the last sample period a kernel ran (0..1).
+    ``index``: NVML's (nvidia-smi's) ordinal. Power and temperature are None where the GPU
+    does not report them."""
 
     minor: int
     uuid: str
@@ -26,6 +28,14 @@ class GpuSample:
     utilization: float
     memory_used_bytes: int
     memory_total_bytes: int
+    index: int = 0
+    power_milliwatts: int | None = None
+    temperature_celsius: int | None = None
+
+    @property
+    def duty_cycle(self) -> float:
+        """``utilization`` as a percentage, the GPU exporter's unit."""
+        return round(self.utilization * 100, 6)
 
 
 class Nvml:
@@ -67,10 +77,22 @@ class Nvml:
                     uuid=_text(nv.nvmlDeviceGetUUID(handle)),
                     name=_text(nv.nvmlDeviceGetName(handle)),
                     utilization=float(nv.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0,
-                    memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total)))
+                    memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
+                    index=index, power_milliwatts=self._optional(
+                        "nvmlDeviceGetPowerUsage", handle),
+                    temperature_celsius=self._optional(
+                        "nvmlDeviceGetTemperature", handle,
+                        getattr(nv, "NVML_TEMPERATURE_GPU", 0))))
             except nv.NVMLError:
                 continue
         return sorted(out, key=lambda s: s.minor)
+
+    def _optional(self, call: str, *args: Any) -> int | None:
+        """A figure some GPUs do not report (``Not Supported``): None, never 0."""
+        try:
+            return int(getattr(self._nv, call)(*args))
+        except (self._nv.NVMLError, AttributeError):
+            return None
 
     def _memory(self, handle: Any) -> Any:
         """The GPU's memory as ``nvidia-smi`` counts it. Version 2 of the call leaves out

@@ -152,8 +152,9 @@ def _window(start: float, end: float) -> str:
 
 
 def selector(job_id_raw: str, user: str | None = None) -> str:
-    """The series of one job; with ``user``, only those the exporter labelled with that
-    owner (``pyhpc-jobstats-query`` never shows a user another's)."""
+    """The series of one job (``jobid``, the label cgroup_exporter and the Jobstats GPU
+    exporter use); with ``user``, only those pyhpc's job exporter labelled with that owner
+    (``pyhpc-jobstats-query`` never shows a user another's)."""
     sel = f'jobid="{validate.name("job", job_id_raw, "job_id")}"'
     if user is not None:
         sel += f',user="{validate.name("user", user, "user")}"'
@@ -164,16 +165,17 @@ def gpu_figures(base: str, job_id_raw: str, start: float, end: float,
                 user: str | None = None) -> GpuFigures | None:
     """The job's GPU figures between ``start`` and ``end`` (epoch seconds); None if the
     exporter recorded no GPU sample of it (a CPU job, or stand-ins without a driver)."""
-    def values(function: str, metric: str) -> list[float]:
-        return [v for _, v in query(base, f"{function}({metric}{sel}[{window}])", end)]
+    def values(function: str, metric: str, scale: float = 1.0) -> list[float]:
+        return [v * scale for _, v in query(base, f"{function}({metric}{sel}[{window}])", end)]
 
     sel = selector(job_id_raw, user)
     window = _window(start, end)
-    means = values("avg_over_time", "pyhpc_gpu_utilization_ratio")
+    # The GPU exporter's duty cycle is a percentage; the figures are shares (0..1).
+    means = values("avg_over_time", "nvidia_gpu_duty_cycle", 0.01)
     if not means:
         return None
-    peaks = values("max_over_time", "pyhpc_gpu_utilization_ratio")
-    memory = values("max_over_time", "pyhpc_gpu_memory_used_bytes")
+    peaks = values("max_over_time", "nvidia_gpu_duty_cycle", 0.01)
+    memory = values("max_over_time", "nvidia_gpu_memory_used_bytes")
     return GpuFigures(util_mean=sum(means) / len(means), util_peak=max(peaks or means),
                       mem_peak_bytes=int(max(memory or [0])), gpus=len(means),
                       used=sum(1 for m in means if m >= USED_GPU_UTIL))

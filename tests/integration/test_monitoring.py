@@ -120,7 +120,7 @@ def test_the_exporters_run_as_slurm_from_their_pid_files() -> None:
 
 
 def cpu_rate(job: str) -> float:
-    found = query(f'sum(rate(pyhpc_job_cpu_seconds_total{{jobid="{job}"}}[20s]))')
+    found = query(f'sum(rate(cgroup_cpu_total_seconds{{jobid="{job}"}}[20s]))')
     return found[0][1] if found else 0.0
 
 
@@ -130,9 +130,14 @@ def test_a_busy_job_is_seen_with_its_cpu_rate_and_jobstats_says_about_100_percen
     rate = until(f"job {job}'s CPU rate in Prometheus", lambda: r if (r := cpu_rate(job)) > 1.2
                  else None, timeout=45)
     assert rate <= 2.2
-    held = query(f'pyhpc_job_cpus{{jobid="{job}"}}')
+    held = query(f'cgroup_cpus{{jobid="{job}"}}')
     assert [(labels["user"], labels["account"], value) for labels, value in held] == [
         ("user1", "lab", 2.0)]
+    # Princeton's jobstats asks in these words: its cluster label, the job's own cgroup.
+    name = cluster.load(paths.LAB_CLUSTER).name
+    asked = query(f"max_over_time(cgroup_cpus{{cluster='{name}',jobid='{job}',step='',"
+                  "task=''}[60s])")
+    assert [value for _, value in asked] == [2.0]
     until(f"job {job} ended in accounting", lambda: ended(job), timeout=90)
     data = json.loads(until("jobstats answers", lambda: (
         p.stdout if (p := jobstats("user1", job, check=False)).returncode == 0 else None),
@@ -161,7 +166,7 @@ def test_a_gpu_job_on_the_stand_ins_gets_no_invented_gpu_figures() -> None:
     held = until(f"job {job}'s GPUs in Prometheus",
                  lambda: query(f'pyhpc_job_gpus{{jobid="{job}"}}'), timeout=45)
     assert [value for _, value in held] == [1.0]
-    assert query("pyhpc_gpu_utilization_ratio") == []  # no driver: no utilization at all
+    assert query("nvidia_gpu_duty_cycle") == []  # no driver: no utilization at all
     seen = {labels["node"]: value for labels, value in
             query('pyhpc_node_gpus_seen{source="devices"}')}
     assert seen == {"cpu1": 0.0, "cpu2": 0.0, "gpu1": 2.0, "gpu2": 2.0}  # counted, not measured
@@ -189,10 +194,10 @@ def test_a_job_whose_name_and_comment_forge_another_jobs_fields_changes_no_label
     try:
         for job, user in ((victim, "user2"), (attacker, "user1")):
             held = until(f"job {job}'s CPUs in Prometheus", lambda job=job: query(
-                f'pyhpc_job_cpus{{jobid="{job}"}}'), timeout=45)
+                f'cgroup_cpus{{jobid="{job}"}}'), timeout=45)
             assert [(labels["user"], labels["account"], value) for labels, value in held] == \
                 [(user, "lab", 1.0)]
-        assert query('pyhpc_job_cpus{account="victim"}') == []  # no such account
+        assert query('cgroup_cpus{account="victim"}') == []  # no such account
         until(f"job {attacker} ended in accounting", lambda: ended(attacker), timeout=90)
         path = STORE / f"{attacker}.json"
         stored = until(f"job {attacker}'s record", lambda: path.exists(), timeout=30)

@@ -62,7 +62,7 @@ def running() -> Iterator[dict[str, Any]]:
     job = submit("user1", "--cpus-per-task=1", "sleep 60")
     try:
         held = until(f"job {job}'s labels in Prometheus", lambda: admin_query(
-            f'pyhpc_job_cpus{{jobid="{job}"}}'), timeout=60)
+            f'cgroup_cpus{{jobid="{job}"}}'), timeout=60)
         assert held[0]["metric"]["user"] == "user1", held
         start = int(sh("date", "+%s").stdout) - 120
         yield {"job": job, "start": start}
@@ -71,7 +71,7 @@ def running() -> Iterator[dict[str, Any]]:
 
 
 def test_user2_reads_no_job_labels_from_prometheus(running: dict[str, Any]) -> None:
-    series = f"{PROMETHEUS}/api/v1/series?match[]=pyhpc_job_cpus"
+    series = f"{PROMETHEUS}/api/v1/series?match[]=cgroup_cpus"
     for how in ("", f"--cacert {TLS / 'ca.crt'}", "-k", "-k -u prometheus:guess"):
         proc = as_user("user2", f"curl -s -m 10 {how} {shlex.quote(series)}", check=False)
         assert "user1" not in proc.stdout and '"account"' not in proc.stdout, (how, proc.stdout)
@@ -90,7 +90,7 @@ def test_user2_scrapes_no_exporter(running: dict[str, Any]) -> None:
                            check=False)
             assert proc.returncode != 0 and "user1" not in proc.stdout, (name, how, proc)
         plain = as_user("user2", f"curl -s -m 10 http://127.0.0.1:{port}/metrics", check=False)
-        assert "user1" not in plain.stdout and "pyhpc_" not in plain.stdout, (name, plain)
+        assert "user1" not in plain.stdout and "# TYPE" not in plain.stdout, (name, plain)
 
 
 def test_the_keys_and_passwords_are_no_users() -> None:

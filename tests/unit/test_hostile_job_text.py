@@ -13,15 +13,18 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from pyhpc.monitor import gpus, job_exporter, prometheus, record, serve
+from pyhpc.monitor import gpus, job_exporter, prometheus, record, serve, slurm_exporter
 from pyhpc.slurm import rows, slurm, submit
 
 #: What the lab's Slurm 22.05.8 printed for ``scontrol -d -o show job`` of a job of
@@ -235,13 +238,13 @@ def test_a_comment_that_names_another_job_leaves_the_victims_labels_alone(
     collector = job_exporter.JobCollector(["gpu1"], v2_tree(tmp_path, [1, 7]),
                                           tmp_path / "gres.conf", gpus.Nvml(NoNvml()))
     text = generate_latest(serve.registry(collector)).decode()
-    assert labels(text, "pyhpc_job_cpus") == [
-        'account="lab",jobid="1",node="gpu1",user="user2"',
-        'account="ws",jobid="7",node="gpu1",user="user1"']
-    assert 'pyhpc_job_cpus{account="lab",jobid="1",node="gpu1",user="user2"} 1.0' in text
-    assert 'pyhpc_job_cpus{account="ws",jobid="7",node="gpu1",user="user1"} 2.0' in text
-    assert 'pyhpc_job_gpus{account="lab",jobid="1",node="gpu1",user="user2"} 1.0' in text
-    assert 'pyhpc_job_gpus{account="ws",jobid="7",node="gpu1",user="user1"} 1.0' in text
+    assert labels(text, "cgroup_cpus") == [
+        'account="lab",jobid="1",node="gpu1",step="",task="",user="user2"',
+        'account="ws",jobid="7",node="gpu1",step="",task="",user="user1"']
+    assert 'cgroup_cpus{account="lab",jobid="1",node="gpu1",step="",task="",user="user2"} 1.0' in text
+    assert 'cgroup_cpus{account="ws",jobid="7",node="gpu1",step="",task="",user="user1"} 2.0' in text
+    assert 'pyhpc_job_gpus{account="lab",jobid="1",node="gpu1",step="",task="",user="user2"} 1.0' in text
+    assert 'pyhpc_job_gpus{account="ws",jobid="7",node="gpu1",step="",task="",user="user1"} 1.0' in text
     assert "root" not in text and "victim" not in text
 
 
@@ -307,7 +310,8 @@ def test_a_slurm_without_json_gives_no_labels_from_text(tmp_path, monkeypatch) -
     text = generate_latest(serve.registry(job_exporter.JobCollector(
         ["gpu1"], root, tmp_path / "gres.conf", gpus.Nvml(NoNvml())))).decode()
     assert 'pyhpc_exporter_command_ok{command="squeue"} 0.0' in text
-    assert 'pyhpc_job_memory_bytes{account="",jobid="1",node="gpu1",user="user2"} 100.0' in text
+    assert 'cgroup_memory_used_bytes{account="",jobid="1",node="gpu1",step="",task="",user="user2"} ' \
+        '100.0' in text
     assert [c[0] for c in calls] == ["squeue"]
 
 
@@ -413,3 +417,39 @@ def test_the_output_files_are_the_jobs_own_whatever_the_text(name, comment, path
         assert slurm.output_paths("1") == [VICTIM.stdout]
     finally:
         slurm.RUNNER = saved
+
+
+def parsed_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """The scrape as Prometheus' text parser reads it; a malformed one raises."""
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text)
+            for s in family.samples]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=st.sampled_from(["22.05", "24.11"]), name=hostile, comment=hostile, path=hostile)
+@example(layout="22.05", name=TEN_KB, comment=TEN_KB, path=TEN_KB)
+@example(layout="24.11", name='a"b\nc{d}e\\', comment="}\n# TYPE x gauge\nx 1\n{", path="p")
+def test_a_scrape_with_hostile_jobs_stays_valid_exposition_text(layout, name, comment,
+                                                                path) -> None:
+    """Quotes, newlines, braces or 10 kB in a job's name, comment or paths: both exporters'
+    scrapes parse, and every label value is one Slurm gave (job text is never a label)."""
+    attacker = dressed(ATTACKER, name, comment, path)
+    saved = slurm.RUNNER
+    slurm.RUNNER = Slurm([VICTIM, attacker], layout)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            jobs = generate_latest(serve.registry(job_exporter.JobCollector(
+                ["gpu1"], v2_tree(root / "cg", [1, 7]), root / "gres.conf",
+                gpus.Nvml(NoNvml())))).decode()
+        cluster = generate_latest(serve.registry(slurm_exporter.SlurmCollector())).decode()
+    finally:
+        slurm.RUNNER = saved
+    allowed = {"", "1", "7", "user1", "user2", "lab", "ws", "gpu1", "gpu", "running",
+               "squeue", "scontrol", "sdiag", "sacct", "devices"}
+    for text in (jobs, cluster):
+        found = parsed_samples(text)
+        assert found
+        assert {v for _, labels, _ in found for v in labels.values()} <= allowed
+    assert ("cgroup_cpus", {"jobid": "7", "step": "", "task": "", "node": "gpu1",
+                            "user": "user1", "account": "ws"}, 2.0) in parsed_samples(jobs)

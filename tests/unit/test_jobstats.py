@@ -191,10 +191,11 @@ def test_prometheus_figures_come_from_the_query_api(sacct, tmp_path, monkeypatch
     def urlopen(req, timeout: float, context=None):
         address = req.full_url  # a Request: pyhpc adds the credentials
         asked.append(address)
-        value = "20e9" if "memory" in address else ("0.9" if "max_over" in address else "0.5")
+        # nvidia_gpu_duty_cycle is a percentage, as the Jobstats GPU exporter's.
+        value = "20e9" if "memory" in address else ("90" if "max_over" in address else "50")
         body = {"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {"gpu": "0"}, "value": [1, value]},
-            {"metric": {"gpu": "1"}, "value": [1, "0.01" if "avg" in address else value]}]}}
+            {"metric": {"minor_number": "0"}, "value": [1, value]},
+            {"metric": {"minor_number": "1"}, "value": [1, "1" if "avg" in address else value]}]}}
         return io.BytesIO(json.dumps(body).encode())
 
     monkeypatch.setattr(prometheus.urllib.request, "urlopen", urlopen)
@@ -204,6 +205,7 @@ def test_prometheus_figures_come_from_the_query_api(sacct, tmp_path, monkeypatch
     assert data["gpu_source"] == "prometheus" and data["gpu_mem_peak_bytes"] == 20e9
     assert all(a.startswith("http://prom:9090/api/v1/query?query=") for a in asked)
     assert any("jobid%3D%224242%22" in a and "3600s" in a for a in asked)
+    assert any("nvidia_gpu_duty_cycle" in a for a in asked)
 
 
 def test_prometheus_that_does_not_answer_is_one_line(monkeypatch) -> None:

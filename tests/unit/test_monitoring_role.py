@@ -231,6 +231,10 @@ def test_prometheus_scrapes_every_target_and_loads_the_rules(where: str, tmp_pat
     addresses = hosts.each("monitoring_listen_address")
     assert nodes == {n: [f"{address}:9100"] for n, address in addresses.items()}
     assert "alerting" not in doc
+    # Jobstats selects every series by cluster (Slurm's ClusterName): a target label.
+    cluster = hosts.each("monitoring_cluster")[server]["name"]
+    assert {c["labels"]["cluster"] for job in jobs.values() for c in job["static_configs"]} \
+        == {cluster}
     text = (tmp_path / "prometheus.yml").read_text()
     assert "0.0.0.0" not in text and "localhost:" not in text
     # Issue 51 item 6: every scrape over TLS, the target's certificate checked against the
