@@ -35,10 +35,10 @@ PNG = {"utilization": "utilization.png", "jobs": "jobs.png", "gpu_hours": "gpu-h
        "least": "least-used.png"}
 #: What each part of the page asks Prometheus ({rate}: the window a rate is taken over).
 QUERIES = {
-    "nodes": "sum by (state) (slurm_nodes)",
+    "nodes": "count by (state) (pyhpc_slurm_node_state)",
     "host_cpu": 'avg by (instance) (1 - rate(node_cpu_seconds_total{{mode="idle"}}[{rate}]))',
-    "gpus_allocated": "sum(slurm_node_gpus_allocated) / sum(slurm_node_gpus)",
-    "jobs": "sum by (state) (slurm_jobs)",
+    "gpus_allocated": "sum(slurm_gpus_alloc) / sum(slurm_gpus_total)",
+    "jobs": "sum by (state) (pyhpc_slurm_jobs)",
     "gpus_by_account": "sum by (account) (pyhpc_job_gpus)",
     "cpus_held": "sum by (jobid, user, account) (cgroup_cpus)",
     "cpu_used": "sum by (jobid, user, account) (rate(cgroup_cpu_total_seconds[{rate}]))",

@@ -25,11 +25,18 @@ class NodeState:
     reason: str
     gpus: int
     gpus_allocated: int
+    cpus: int = 0
+    cpus_allocated: int = 0
+
+    @property
+    def available(self) -> bool:
+        """False for a node out of service (its free CPUs are sinfo's "other")."""
+        return self.state not in UNAVAILABLE
 
 
 @dataclass(frozen=True)
 class JobKey:
-    """What jobs are counted by: a row of ``slurm_jobs``."""
+    """What jobs are counted by: a row of ``pyhpc_slurm_jobs``."""
 
     state: str
     partition: str
@@ -71,9 +78,10 @@ def nodes(info: dict[str, dict[str, str]]) -> list[NodeState]:
     for name, fields in sorted(info.items()):
         reason = fields.get("Reason", "")
         reason = slurm.reason_text(reason) if reason not in ("", "(null)", "none") else ""
+        cfg, alloc = fields.get("CfgTRES", ""), fields.get("AllocTRES", "")
         out.append(NodeState(name, long_state(fields.get("State", "")), reason,
-                             tres_count(fields.get("CfgTRES", "")),
-                             tres_count(fields.get("AllocTRES", ""))))
+                             tres_count(cfg), tres_count(alloc), tres_count(cfg, "cpu"),
+                             tres_count(alloc, "cpu")))
     return out
 
 
@@ -116,30 +124,38 @@ def runaways(in_accounting: str, queued: Queue) -> int:
     return len(ids - queued.running)
 
 
-#: sdiag lines the exporter keeps: (section, label in sdiag) -> (metric suffix, scale).
-#: Cycle times are printed in microseconds; the metrics are in seconds.
+#: sdiag lines the exporter keeps: (section, label in sdiag) -> (metric, scale).
+#: prometheus-slurm-exporter's names first, its units (cycle times in microseconds, as
+#: sdiag prints them); then those it has none for, pyhpc's, cycle times in seconds.
 SDIAG: dict[tuple[str, str], tuple[str, float]] = {
-    ("", "Server thread count"): ("server_threads", 1.0),
-    ("", "Agent queue size"): ("agent_queue_size", 1.0),
-    ("", "DBD Agent queue size"): ("dbd_agent_queue_size", 1.0),
-    ("", "Jobs submitted"): ("jobs_submitted", 1.0),
-    ("", "Jobs started"): ("jobs_started", 1.0),
-    ("", "Jobs completed"): ("jobs_completed", 1.0),
-    ("", "Jobs canceled"): ("jobs_canceled", 1.0),
-    ("", "Jobs failed"): ("jobs_failed", 1.0),
-    ("", "Jobs pending"): ("jobs_pending", 1.0),
-    ("", "Jobs running"): ("jobs_running", 1.0),
-    ("main", "Last cycle"): ("main_last_cycle_seconds", 1e-6),
-    ("main", "Max cycle"): ("main_max_cycle_seconds", 1e-6),
-    ("main", "Mean cycle"): ("main_mean_cycle_seconds", 1e-6),
-    ("main", "Cycles per minute"): ("main_cycles_per_minute", 1.0),
-    ("main", "Last queue length"): ("main_last_queue_length", 1.0),
-    ("backfill", "Total backfilled jobs (since last slurm start)"): ("backfilled_jobs", 1.0),
-    ("backfill", "Last cycle"): ("backfill_last_cycle_seconds", 1e-6),
-    ("backfill", "Max cycle"): ("backfill_max_cycle_seconds", 1e-6),
-    ("backfill", "Mean cycle"): ("backfill_mean_cycle_seconds", 1e-6),
-    ("backfill", "Last depth cycle"): ("backfill_last_depth", 1.0),
-    ("backfill", "Last queue length"): ("backfill_last_queue_length", 1.0),
+    ("", "Server thread count"): ("slurm_scheduler_threads", 1.0),
+    ("", "Agent queue size"): ("slurm_scheduler_queue_size", 1.0),
+    ("", "DBD Agent queue size"): ("slurm_scheduler_dbd_queue_size", 1.0),
+    ("main", "Last cycle"): ("slurm_scheduler_last_cycle", 1.0),
+    ("main", "Mean cycle"): ("slurm_scheduler_mean_cycle", 1.0),
+    ("main", "Cycles per minute"): ("slurm_scheduler_cycle_per_minute", 1.0),
+    ("backfill", "Last cycle"): ("slurm_scheduler_backfill_last_cycle", 1.0),
+    ("backfill", "Mean cycle"): ("slurm_scheduler_backfill_mean_cycle", 1.0),
+    ("backfill", "Depth Mean"): ("slurm_scheduler_backfill_depth_mean", 1.0),
+    ("backfill", "Total backfilled jobs (since last slurm start)"):
+        ("slurm_scheduler_backfilled_jobs_since_start_total", 1.0),
+    ("backfill", "Total backfilled jobs (since last stats cycle start)"):
+        ("slurm_scheduler_backfilled_jobs_since_cycle_total", 1.0),
+    ("backfill", "Total backfilled heterogeneous job components"):
+        ("slurm_scheduler_backfilled_heterogeneous_total", 1.0),
+    ("", "Jobs submitted"): ("pyhpc_slurm_scheduler_jobs_submitted", 1.0),
+    ("", "Jobs started"): ("pyhpc_slurm_scheduler_jobs_started", 1.0),
+    ("", "Jobs completed"): ("pyhpc_slurm_scheduler_jobs_completed", 1.0),
+    ("", "Jobs canceled"): ("pyhpc_slurm_scheduler_jobs_canceled", 1.0),
+    ("", "Jobs failed"): ("pyhpc_slurm_scheduler_jobs_failed", 1.0),
+    ("", "Jobs pending"): ("pyhpc_slurm_scheduler_jobs_pending", 1.0),
+    ("", "Jobs running"): ("pyhpc_slurm_scheduler_jobs_running", 1.0),
+    ("main", "Max cycle"): ("pyhpc_slurm_scheduler_main_max_cycle_seconds", 1e-6),
+    ("main", "Last queue length"): ("pyhpc_slurm_scheduler_main_last_queue_length", 1.0),
+    ("backfill", "Max cycle"): ("pyhpc_slurm_scheduler_backfill_max_cycle_seconds", 1e-6),
+    ("backfill", "Last depth cycle"): ("pyhpc_slurm_scheduler_backfill_last_depth", 1.0),
+    ("backfill", "Last queue length"):
+        ("pyhpc_slurm_scheduler_backfill_last_queue_length", 1.0),
 }
 _RPC = re.compile(r"^\s*([A-Z][A-Z0-9_]+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:\d+\s+"
                   r"total_time:(\d+)")

@@ -228,7 +228,7 @@ def test_the_slurm_exporter_runs_one_of_each_command_a_scrape_with_many_jobs_que
                "--output=/dev/null", "--wrap", "true").stdout.strip().split(";")[0]
     try:
         pending = until("200 pending jobs counted", lambda: (
-            n if (n := sum(v for _, v in query('slurm_jobs{state="pending"}'))) >= 200
+            n if (n := sum(v for _, v in query('pyhpc_slurm_jobs{state="pending"}'))) >= 200
             else None), timeout=60)
         assert pending >= 200
         time.sleep(2 * 5)  # two more scrapes, both with the whole queue

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pyhpc.errors import PyhpcError
 from pyhpc.monitor import serve, slurm_exporter, slurm_state
@@ -43,8 +44,11 @@ Backfilling stats
 \tLast cycle: 442
 \tMax cycle:  574
 \tMean cycle: 508
+\tTotal backfilled jobs (since last stats cycle start): 1
+\tTotal backfilled heterogeneous job components: 0
 \tLast depth cycle: 1
 \tLast depth cycle (try sched): 1
+\tDepth Mean: 3
 
 Remote Procedure Call statistics by message type
 \tREQUEST_JOB_INFO                        ( 2003) count:62     ave_time:643    total_time:39890
@@ -93,61 +97,103 @@ def test_a_scrape_runs_one_of_each_slurm_command_whatever_the_job_count(cluster,
     assert Counter(call[0] for call in cluster.calls) == {c: 1 for c in slurm_exporter.COMMANDS}
     for command in slurm_exporter.COMMANDS:
         assert value(text, f'pyhpc_exporter_scrape_slurm_commands{{command="{command}"}}') == 1
-    running = 'slurm_jobs{account="lab",partition="gpu",state="running",user="alice"}'
+    running = 'pyhpc_slurm_jobs{account="lab",partition="gpu",state="running",user="alice"}'
     assert (value(text, running) == jobs) if jobs else running not in text
+    assert value(text, "slurm_queue_running") == jobs
 
 
 def test_jobs_are_counted_by_state_partition_account_and_user_and_pending_by_reason(cluster) -> None:
     text = scrape()
-    assert value(text, 'slurm_jobs{account="lab",partition="gpu",state="running",user="alice"}') == 3
-    assert value(text, 'slurm_jobs{account="lab",partition="gpu",state="pending",user="bob"}') == 2
-    assert value(text, 'slurm_jobs_pending{partition="gpu",reason="Resources"}') == 2
-    assert value(text, 'slurm_jobs_pending{partition="cpu",reason="AssocMaxJobsLimit"}') == 1
+    assert value(text, 'pyhpc_slurm_jobs{account="lab",partition="gpu",state="running",user="alice"}') == 3
+    assert value(text, 'pyhpc_slurm_jobs{account="lab",partition="gpu",state="pending",user="bob"}') == 2
+    assert value(text, 'pyhpc_slurm_jobs_pending{partition="gpu",reason="Resources"}') == 2
+    assert value(text, 'pyhpc_slurm_jobs_pending{partition="cpu",reason="AssocMaxJobsLimit"}') == 1
 
 
 def test_nodes_carry_their_state_and_whole_reason_and_gpus_declared_and_allocated(cluster) -> None:
     text = scrape()
-    assert value(text, 'slurm_node_state{node="gpu1",reason="bad fan",state="draining"}') == 1
-    assert value(text, 'slurm_node_state{node="gpu2",reason="Not responding",state="down"}') == 1
-    assert value(text, 'slurm_node_state{node="cpu1",reason="",state="allocated"}') == 1
-    assert value(text, 'slurm_nodes{state="idle"}') == 1
-    assert value(text, 'slurm_node_gpus{node="gpu1"}') == 4
-    assert value(text, 'slurm_node_gpus_allocated{node="gpu1"}') == 1
-    assert 'slurm_node_gpus{node="cpu1"}' not in text
+    assert value(text, 'pyhpc_slurm_node_state{node="gpu1",reason="bad fan",state="draining"}') == 1
+    assert value(text, 'pyhpc_slurm_node_state{node="gpu2",reason="Not responding",state="down"}') == 1
+    assert value(text, 'pyhpc_slurm_node_state{node="cpu1",reason="",state="allocated"}') == 1
+    assert value(text, 'pyhpc_slurm_node_gpus{node="gpu1"}') == 4
+    assert value(text, 'pyhpc_slurm_node_gpus_allocated{node="gpu1"}') == 1
+    assert 'pyhpc_slurm_node_gpus{node="cpu1"}' not in text
 
 
-def test_scheduler_statistics_come_from_sdiag_in_seconds(cluster) -> None:
+def samples(text: str) -> dict[str, float]:
+    """Every series without labels, as Prometheus' text parser reads the scrape."""
+    return {s.name: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if not s.labels}
+
+
+def test_cluster_figures_have_prometheus_slurm_exporters_names(cluster) -> None:
+    """vpenso's names, so its Grafana dashboards read them: nodes by state bucket (a
+    draining node is drain, a down+drain one down), CPUs allocated, idle, other (out of
+    service) and total, GPUs, jobs by state, per partition, account and user."""
     text = scrape()
-    assert value(text, "slurm_scheduler_dbd_agent_queue_size") == 7
-    assert value(text, "slurm_scheduler_main_mean_cycle_seconds") == pytest.approx(400e-6)
-    assert value(text, "slurm_scheduler_backfill_last_cycle_seconds") == pytest.approx(442e-6)
-    assert value(text, "slurm_scheduler_backfilled_jobs") == 2
-    assert value(text, 'slurm_rpc_calls{type="REQUEST_JOB_INFO"}') == 62
-    assert value(text, 'slurm_rpc_seconds{type="REQUEST_JOB_INFO"}') == pytest.approx(0.03989)
+    found = samples(text)
+    assert {k: v for k, v in found.items() if k.startswith("slurm_nodes_")} == {
+        "slurm_nodes_alloc": 1, "slurm_nodes_comp": 0, "slurm_nodes_down": 1,
+        "slurm_nodes_drain": 1, "slurm_nodes_err": 0, "slurm_nodes_fail": 0,
+        "slurm_nodes_idle": 1, "slurm_nodes_maint": 0, "slurm_nodes_mix": 0,
+        "slurm_nodes_resv": 0}
+    # cpu1 2/2, gpu1 2/8 draining (6 other), gpu2 0/8 down (8 other), gpu3 0/8 idle.
+    assert [found[f"slurm_cpus_{n}"] for n in ("alloc", "idle", "other", "total")] == \
+        [4, 8, 14, 26]
+    assert [found[f"slurm_gpus_{n}"] for n in ("alloc", "idle", "total")] == [1, 11, 12]
+    assert value(text, 'slurm_node_cpu_other{node="gpu1",status="draining"}') == 6
+    assert value(text, 'slurm_node_cpu_idle{node="gpu3",status="idle"}') == 8
+    assert (found["slurm_queue_running"], found["slurm_queue_pending"],
+            found["slurm_queue_completing"], found["slurm_queue_pending_dependency"]) == \
+        (3, 3, 1, 0)
+    assert value(text, 'slurm_partition_jobs_pending{partition="gpu"}') == 2
+    assert value(text, 'slurm_account_jobs_running{account="lab"}') == 3
+    assert value(text, 'slurm_user_jobs_pending{user="carol"}') == 1
+    assert not [n for n in found if n.startswith("slurm_") and n.removeprefix("slurm_")
+                .split("_")[0] not in ("nodes", "cpus", "gpus", "queue", "scheduler")]
+
+
+def test_scheduler_statistics_come_from_sdiag_as_prometheus_slurm_exporter_names_them(
+        cluster) -> None:
+    """Its names and units (cycles in microseconds, as sdiag prints them); pyhpc's own
+    extras in seconds."""
+    text = scrape()
+    assert value(text, "slurm_scheduler_threads") == 3
+    assert value(text, "slurm_scheduler_dbd_queue_size") == 7
+    assert value(text, "slurm_scheduler_mean_cycle") == 400
+    assert value(text, "slurm_scheduler_cycle_per_minute") == 3
+    assert value(text, "slurm_scheduler_backfill_last_cycle") == 442
+    assert value(text, "slurm_scheduler_backfill_depth_mean") == 3
+    assert value(text, "slurm_scheduler_backfilled_jobs_since_start_total") == 2
+    assert value(text, "slurm_scheduler_backfilled_jobs_since_cycle_total") == 1
+    assert value(text, "pyhpc_slurm_scheduler_main_max_cycle_seconds") == pytest.approx(1971e-6)
+    assert value(text, 'pyhpc_slurm_rpc_calls{type="REQUEST_JOB_INFO"}') == 62
+    assert value(text, 'pyhpc_slurm_rpc_seconds{type="REQUEST_JOB_INFO"}') == pytest.approx(0.03989)
 
 
 def test_runaway_jobs_are_those_accounting_runs_and_slurmctld_does_not(cluster) -> None:
     text = scrape()
-    assert value(text, "slurm_dbd_up") == 1 and value(text, "slurm_runaway_jobs") == 0
+    assert value(text, "pyhpc_slurmdbd_up") == 1 and value(text, "pyhpc_slurm_runaway_jobs") == 0
     cluster.set(3, runaway=("77", "78"))
-    assert value(scrape(), "slurm_runaway_jobs") == 2
+    assert value(scrape(), "pyhpc_slurm_runaway_jobs") == 2
 
 
 def test_slurmdbd_down_is_a_zero_and_no_runaway_figure(cluster) -> None:
     cluster.answers["sacct"] = (1, "", "sacct: error: Problem talking to the database: "
                                 "Connection refused")
     text = scrape()
-    assert value(text, "slurm_dbd_up") == 0
-    assert "slurm_runaway_jobs " not in text
+    assert value(text, "pyhpc_slurmdbd_up") == 0
+    assert "pyhpc_slurm_runaway_jobs " not in text
     assert value(text, 'pyhpc_exporter_command_ok{command="sacct"}') == 0
 
 
 def test_a_failed_command_leaves_its_metrics_out_and_the_rest_in(cluster) -> None:
     cluster.answers["squeue"] = (1, "", "slurm_load_jobs error: Unable to contact slurm controller")
     text = scrape()
-    assert "slurm_jobs{" not in text and "slurm_runaway_jobs " not in text
+    assert "pyhpc_slurm_jobs{" not in text and "pyhpc_slurm_runaway_jobs " not in text
+    assert "slurm_queue_running " not in text
     assert value(text, 'pyhpc_exporter_command_ok{command="squeue"}') == 0
-    assert value(text, 'slurm_node_gpus{node="gpu1"}') == 4
+    assert value(text, 'pyhpc_slurm_node_gpus{node="gpu1"}') == 4
 
 
 @pytest.mark.parametrize("scontrol, sinfo", [
