@@ -17,8 +17,9 @@ admin, so the exporter runs as SlurmUser (no root). A job slurmctld no longer li
 its figures with the user its v1 cgroup path names and an empty account.
 
 GPUs (:mod:`pyhpc.monitor.gpus`): utilization, memory, power and temperature from NVML
-under the Jobstats GPU exporter's names (``nvidia_gpu_*``), only where a driver answers; ``pyhpc_node_gpus_seen`` counts what NVML sees, or, without a driver, the node's
-gres.conf device files that exist as NVIDIA character devices (the lab's stand-ins).
+under the Jobstats GPU exporter's names (``nvidia_gpu_*``), only where a driver answers;
+``pyhpc_node_gpus_seen`` counts what NVML sees, or, without a driver, the node's gres.conf
+device files that exist as NVIDIA character devices (the lab's stand-ins).
 """
 from __future__ import annotations
 
