@@ -48,6 +48,8 @@ class JobUsage:
     #: Anonymous memory (v1 ``total_rss``, v2 ``anon`` plus ``swapcached``) and page cache.
     memory_rss_bytes: int | None = None
     memory_cache_bytes: int | None = None
+    #: Shared memory (tmpfs, /dev/shm): jobstats counts it as used beside the RSS.
+    memory_shmem_bytes: int | None = None
     #: The job's memory limit; None where it has none.
     memory_limit_bytes: int | None = None
 
@@ -150,6 +152,7 @@ def read_v1(root: Path, host_node: str) -> list[JobUsage]:
             cpu_system_seconds=_seconds_ns(read_int(cpu / "cpuacct.usage_sys")),
             memory_rss_bytes=stat_value(stat, "total_rss"),
             memory_cache_bytes=stat_value(stat, "total_cache"),
+            memory_shmem_bytes=stat_value(stat, "total_shmem"),
             memory_limit_bytes=_limit(read_int(memory / "memory.limit_in_bytes"))))
     return out
 
@@ -172,6 +175,7 @@ def read_v2(root: Path, host_node: str) -> list[JobUsage]:
             memory_rss_bytes=anon + (stat_value(stat, "swapcached") or 0)
             if anon is not None else None,
             memory_cache_bytes=stat_value(stat, "file"),
+            memory_shmem_bytes=stat_value(stat, "shmem"),
             memory_limit_bytes=read_int(job_dir / "memory.max")))  # "max": None, no limit
     return out
 

@@ -45,7 +45,7 @@ def v1_tree(root: Path, slurm_dir: str = "slurm") -> Path:
     write(root / "memory" / job / "memory.max_usage_in_bytes", "4194304\n")
     write(root / "memory" / job / "memory.limit_in_bytes", "2147483648\n")
     write(root / "memory" / job / "memory.stat", "cache 1\nrss 2\ntotal_cache 4096\n"
-          "total_rss 786432\n")
+          "total_rss 786432\ntotal_shmem 512\n")
     write(root / "cpuacct" / job / "cpuacct.usage", "2500000000\n")
     write(root / "cpuacct" / job / "cpuacct.usage_user", "2000000000\n")
     write(root / "cpuacct" / job / "cpuacct.usage_sys", "500000000\n")
@@ -65,7 +65,7 @@ def v2_tree(root: Path, scope: str = "slurmstepd.scope") -> Path:
     write(job / "memory.current", "1048576\n")
     write(job / "memory.peak", "4194304\n")
     write(job / "memory.max", "2147483648\n")
-    write(job / "memory.stat", "anon 786432\nfile 4096\nshmem 0\nswapcached 8192\n")
+    write(job / "memory.stat", "anon 786432\nfile 4096\nshmem 512\nswapcached 8192\n")
     write(root / "system.slice" / scope / "job_42" / "memory.current", "100\n")  # no peak
     write(root / "system.slice" / scope / "job_42" / "memory.max", "max\n")
     return root
@@ -246,11 +246,12 @@ def test_job_figures_have_cgroup_exporters_names_and_labels(tmp_path, details, t
     assert {name: value(found, name, **alice) for name in (
         "cgroup_cpu_total_seconds", "cgroup_cpu_user_seconds", "cgroup_cpu_system_seconds",
         "cgroup_cpus", "cgroup_memory_used_bytes", "cgroup_memory_rss_bytes",
-        "cgroup_memory_cache_bytes", "cgroup_memory_total_bytes",
+        "cgroup_memory_cache_bytes", "cgroup_memory_shmem_bytes", "cgroup_memory_total_bytes",
         "pyhpc_job_memory_peak_bytes")} == {
         "cgroup_cpu_total_seconds": 2.5, "cgroup_cpu_user_seconds": 2.0,
         "cgroup_cpu_system_seconds": 0.5, "cgroup_cpus": 2, "cgroup_memory_used_bytes": 1 << 20,
         "cgroup_memory_rss_bytes": rss, "cgroup_memory_cache_bytes": 4096,
+        "cgroup_memory_shmem_bytes": 512,
         "cgroup_memory_total_bytes": 2 << 30, "pyhpc_job_memory_peak_bytes": 4 << 20}
     types_ = {f.name: f.type for f in text_string_to_metric_families(text)}
     assert types_["cgroup_cpu_total_seconds"] == "gauge"  # no _total: jobstats' name
