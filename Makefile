@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-hub bench-workshop bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
+.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -113,6 +113,9 @@ bench-deep: venv lab-up ## Benchmark the deep model: pipeline stages vs unsplit,
 
 bench-crash: venv lab-up ## Benchmark the controller-crash window: accepted jobs that survive a slurmctld killed 0-30 s after a burst (~15 min; TARGET=hostlab for hostlab as it is up).
 	$(PY) -m benchmarks.crash --target $(or $(TARGET),lab)
+
+bench-takeover: venv ## Benchmark a backup controller's takeover on hostlab as test_hostlab_takeover.py leaves it: ctl killed 3 times (~10 min).
+	$(PY) -m benchmarks.takeover
 
 bench-monitoring: venv lab-up ## Benchmark monitoring: training samples/s with and without it (ABBA), scrape cost at 4 and 68 nodes, Slurm commands per scrape (~20 min; redeploys the lab).
 	$(PY) -m benchmarks.monitoring

@@ -258,6 +258,20 @@ TABLES = [
            Row("logins after the restore (user1 on login)",
                lambda f: "yes" if f["logins"]["user1_su_login"] else "no", "yes",
                lambda f: bool(f["logins"]["user1_su_login"]))]),
+    Table("takeover-hostlab", "A backup controller's takeover, hostlab",
+          "Controllers ctl and db sharing /srv/slurmctld; a burst of jobs, then ctl killed "
+          "with `podman kill`, several times: when db schedules again, what the burst kept, "
+          "when ctl is back in charge.",
+          "`make bench-takeover` (after test_hostlab_takeover.py, ~10 min)",
+          [Row("time until a new job runs (median)",
+               lambda f: num(f["median_schedules_again_s"], "s") + f" with SlurmctldTimeout="
+               f"{f['slurmctld_timeout']}"),
+           Row("time until sbatch accepts a job again (median)",
+               lambda f: num(f["median_submit_again_s"], "s")),
+           Row("burst jobs accepted just before the kill, lost",
+               lambda f: f"{f['burst_lost']} of {f['burst_jobs']}"),
+           Row("time until ctl is in charge again, its boot included (median)",
+               lambda f: num(f["median_takeback_s"], "s"))]),
     Table("monitoring", "Monitoring's cost",
           "A training job's samples/s with monitoring on and off (ABBA); each exporter's "
           "scrape at 4 and 68 nodes; Slurm commands per scrape with 1,000 jobs queued.",
