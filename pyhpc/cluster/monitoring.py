@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pyhpc.cluster.schema import ConfigError, boolean, check_keys, integer
+from pyhpc.cluster.schema import ConfigError, boolean, check_keys, choice, integer
 from pyhpc.errors import echo
 
 MONITORING_KEYS = {
@@ -33,10 +33,27 @@ MONITORING_KEYS = {
     "alert_for": "one wait for every alert before it fires, e.g. 30s (absent: each alert's own)",
     "job_records": "true (default): slurmctld stores each job's summary when it ends "
                    "(EpilogSlurmctld, a Python start per job)",
+    "grafana": "false (default) or a mapping of deb, or apt_repo and apt_key, and port: "
+               "Grafana on the monitoring server with pyhpc's dashboards",
 }
+GRAFANA_KEYS = {
+    "deb": "Grafana's .deb on the control node: an absolute path named "
+           "PACKAGE_VERSION_ARCH.deb (Debian ships no Grafana)",
+    "apt_repo": "one apt line with an absolute keyring, \"deb [signed-by=/etc/apt/keyrings/"
+                "grafana.gpg] URI SUITE [COMPONENT...]\"",
+    "apt_key": "with apt_repo: the keyring on the control node, copied to the line's "
+               "signed-by path (absent: already on the monitoring server)",
+    "package": "with apt_repo: grafana (default) or grafana-enterprise",
+    "port": "Grafana's port (default 3000)",
+}
+#: The Debian package names of Grafana's own builds.
+GRAFANA_PACKAGES = ("grafana", "grafana-enterprise")
+#: The nvidia role's patterns: an apt line with its keyring, a .deb as Debian names it.
+APT_LINE = re.compile(r"deb \[[^]]*signed-by=/[^] ]+[^]]*\] \S+ \S+( \S+)*")
+DEB_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+_[^_/]+_[a-z0-9-]+\.deb")
 PORTS = ("prometheus_port", "node_exporter_port", "slurm_exporter_port", "job_exporter_port",
          "alertmanager_port")
-BOUNDS: dict[str, tuple[int, int]] = dict.fromkeys(PORTS, (1024, 65535))
+BOUNDS: dict[str, tuple[int, int]] = dict.fromkeys((*PORTS, "port"), (1024, 65535))
 #: slurmctld, slurmd and slurmdbd (the slurm role's ports).
 SLURM_PORTS = (6817, 6818, 6819)
 #: A Prometheus duration of one unit, and its bounds in seconds per key.
@@ -47,6 +64,17 @@ DURATION_BOUNDS: dict[str, tuple[int, int, str]] = {
     "scrape_interval": (1, 300, "1s to 5m"),
     "alert_for": (1, 86400, "1s to 1d"),
 }
+
+
+@dataclass(frozen=True)
+class Grafana:
+    """``monitoring.grafana``: where its package comes from (``deb`` or ``apt_repo``)."""
+
+    deb: str | None = None
+    apt_repo: str | None = None
+    apt_key: str | None = None
+    package: str = "grafana"
+    port: int = 3000
 
 
 @dataclass(frozen=True)
@@ -65,6 +93,7 @@ class Monitoring:
     scrape_interval: str = "15s"
     alert_for: str | None = None
     job_records: bool = True
+    grafana: Grafana | None = None
 
 
 def duration(where: str, value: Any) -> str:
@@ -110,10 +139,50 @@ def listen(value: Any, mode: str, enabled: bool = True) -> str:
     return str(network)
 
 
-def _ports(data: dict[str, Any], alertmanager: bool, lab_ports: range) -> dict[str, int]:
+def _path(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "\n" in value:
+        raise ConfigError(f"{where}: {echo(value)} is not allowed; an absolute path on the "
+                          "control node")
+    return value
+
+
+def parse_grafana(data: Any) -> Grafana | None:
+    """``monitoring.grafana``: false or absent (none), or where its package comes from.
+    The files themselves are checked on the control node by the role's preflight."""
+    where = "monitoring.grafana"
+    if data is None or data is False:
+        return None
+    if not isinstance(data, dict) or not ("deb" in data) ^ ("apt_repo" in data):
+        raise ConfigError(f"{where}: Debian ships no Grafana: name its package, either deb "
+                          "(a .deb on the control node) or apt_repo (and apt_key), not both; "
+                          f"got {echo(data)}")
+    check_keys(where, data, GRAFANA_KEYS, ())
+    port = integer(f"{where}.port", data.get("port", 3000), BOUNDS)
+    if "deb" in data:
+        for key in ("apt_key", "package"):
+            if key in data:
+                raise ConfigError(f"{where}.{key}: only with apt_repo; deb names its package")
+        deb = _path(f"{where}.deb", data["deb"])
+        if not DEB_NAME.fullmatch(deb.rsplit("/", 1)[-1]):
+            raise ConfigError(f"{where}.deb: {echo(deb)} is not named PACKAGE_VERSION_ARCH.deb "
+                              "(dpkg-name renames it)")
+        return Grafana(deb=deb, port=port)
+    line = data["apt_repo"]
+    if not isinstance(line, str) or not APT_LINE.fullmatch(line):
+        raise ConfigError(f"{where}.apt_repo: {echo(line)} is not allowed; "
+                          f"{GRAFANA_KEYS['apt_repo']}")
+    keyring = None if data.get("apt_key") is None else _path(f"{where}.apt_key", data["apt_key"])
+    package = choice(f"{where}.package", data.get("package", "grafana"), GRAFANA_PACKAGES)
+    return Grafana(apt_repo=line, apt_key=keyring, package=package, port=port)
+
+
+def _ports(data: dict[str, Any], alertmanager: bool, grafana: Grafana | None,
+           lab_ports: range) -> dict[str, int]:
     ports = {key: integer(f"monitoring.{key}", data.get(key, getattr(Monitoring, key)), BOUNDS)
              for key in PORTS}
     used = {k: v for k, v in ports.items() if alertmanager or k != "alertmanager_port"}
+    if grafana is not None:
+        used["grafana.port"] = grafana.port
     for key, port in used.items():
         where = f"monitoring.{key}"
         other = [k for k, p in used.items() if p == port and k != key]
@@ -137,6 +206,7 @@ def parse_monitoring(data: Any, mode: str, lab_ports: range) -> Monitoring:
     alertmanager = boolean("monitoring.alertmanager", data.get("alertmanager", False))
     alert_for = data.get("alert_for")
     enabled = boolean("monitoring.enabled", data.get("enabled", True))
+    grafana = parse_grafana(data.get("grafana"))
     return Monitoring(
         enabled=enabled,
         listen=listen(data.get("listen"), mode, enabled),
@@ -146,5 +216,6 @@ def parse_monitoring(data: Any, mode: str, lab_ports: range) -> Monitoring:
                                  data.get("scrape_interval", "15s")),
         alert_for=None if alert_for is None else duration("monitoring.alert_for", alert_for),
         job_records=boolean("monitoring.job_records", data.get("job_records", True)),
-        **_ports(data, alertmanager, lab_ports),
+        grafana=grafana,
+        **_ports(data, alertmanager, grafana, lab_ports),
     )

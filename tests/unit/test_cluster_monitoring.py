@@ -10,6 +10,7 @@ import yaml
 
 from pyhpc import cluster, paths
 from pyhpc.cluster import ConfigError, Monitoring
+from pyhpc.cluster.monitoring import Grafana
 
 LAB = paths.LAB_CLUSTER
 EXAMPLE = paths.ROOT / "ansible" / "inventories" / "example" / "cluster.yml"
@@ -61,6 +62,9 @@ def test_a_cluster_network_in_cidr_form_is_kept(network: str) -> None:
     assert parse(EXAMPLE, listen=network).listen == network
 
 
+DEB = "/srv/debs/grafana_11.3.0_amd64.deb"
+REPO = "deb [signed-by=/etc/apt/keyrings/grafana.gpg] https://apt.grafana.com stable main"
+
 BAD = [
     # (definition, section keys, text the message must contain)
     (EXAMPLE, {"colour": 1}, "monitoring.colour: unknown key; allowed: alert_for, alertmanager"),
@@ -103,6 +107,32 @@ BAD = [
     (EXAMPLE, {"scrape_interval": 15}, "monitoring.scrape_interval: 15 is not allowed"),
     (EXAMPLE, {"alert_for": "0s"}, "monitoring.alert_for: '0s' is not allowed"),
     (EXAMPLE, {"job_records": 1}, "monitoring.job_records: must be true or false, got 1"),
+    # Grafana: Debian ships none, so its package is named, one way only.
+    (LAB, {"grafana": True}, "monitoring.grafana: Debian ships no Grafana: name its package, "
+                             "either deb (a .deb on the control node) or apt_repo"),
+    (LAB, {"grafana": {"port": 3000}}, "monitoring.grafana: Debian ships no Grafana"),
+    (LAB, {"grafana": {"deb": DEB, "apt_repo": REPO}}, "or apt_repo (and apt_key), not both"),
+    (LAB, {"grafana": {"deb": DEB, "colour": 1}}, "monitoring.grafana.colour: unknown key; "
+                                                  "allowed: apt_key, apt_repo, deb, package, port"),
+    (LAB, {"grafana": {"deb": "grafana_11.3.0_amd64.deb"}},
+     "monitoring.grafana.deb: 'grafana_11.3.0_amd64.deb' is not allowed; an absolute path on "
+     "the control node"),
+    (LAB, {"grafana": {"deb": "/srv/grafana.deb"}}, "monitoring.grafana.deb: '/srv/grafana.deb' "
+                                                    "is not named PACKAGE_VERSION_ARCH.deb"),
+    (LAB, {"grafana": {"deb": DEB, "apt_key": "/k.gpg"}},
+     "monitoring.grafana.apt_key: only with apt_repo; deb names its package"),
+    (LAB, {"grafana": {"apt_repo": "deb https://apt.grafana.com stable main"}},
+     "monitoring.grafana.apt_repo: 'deb https://apt.grafana.com stable main' is not allowed; "
+     "one apt line with an absolute keyring"),
+    (LAB, {"grafana": {"apt_repo": REPO, "apt_key": "keys/grafana.gpg"}},
+     "monitoring.grafana.apt_key: 'keys/grafana.gpg' is not allowed; an absolute path"),
+    (LAB, {"grafana": {"apt_repo": REPO, "package": "grafana-oss"}},
+     "monitoring.grafana.package: 'grafana-oss' is not allowed; allowed: grafana, "
+     "grafana-enterprise"),
+    (LAB, {"grafana": {"deb": DEB, "port": 9090}}, "monitoring.prometheus_port: 9090 is also "
+                                                   "monitoring.grafana.port"),
+    (LAB, {"grafana": {"deb": DEB, "port": 80}}, "monitoring.grafana.port: must be an integer "
+                                                 "from 1024 to 65535, got 80"),
 ]
 
 
@@ -123,3 +153,13 @@ def test_the_alertmanager_port_counts_only_with_the_alertmanager() -> None:
 def test_the_lab_ports_are_those_of_its_own_nodes() -> None:
     """A monitoring port just past the lab's last slurmd is fine."""
     assert parse(LAB, job_exporter_port=17005).job_exporter_port == 17005
+
+
+def test_grafana_is_off_unless_its_package_is_named() -> None:
+    assert parse(LAB).grafana is None and parse(LAB, grafana=False).grafana is None
+    assert parse(LAB, grafana={"deb": DEB}).grafana == Grafana(deb=DEB)
+    got = parse(LAB, grafana={"apt_repo": REPO, "apt_key": "/srv/keys/grafana.gpg", "port": 3001})
+    assert got.grafana == Grafana(apt_repo=REPO, apt_key="/srv/keys/grafana.gpg", port=3001)
+    data = cluster.parse(definition(LAB, grafana={"deb": DEB}), LAB_RAM_MB).to_dict()
+    assert data["monitoring"]["grafana"] == {"deb": DEB, "apt_repo": None, "apt_key": None,
+                                             "package": "grafana", "port": 3000}
