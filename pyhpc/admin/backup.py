@@ -134,14 +134,19 @@ def _tar(out: IO[bytes]) -> None:
                 tar.add(path, arcname=str(path).lstrip("/"))
 
 
+def dump_accounting(database: str, out: IO[bytes]) -> None:
+    """A consistent dump of ``database`` (slurmdbd's StorageLoc), gzip-compressed into
+    ``out``: accounting.sql.gz's writer."""
+    _stream(["mysqldump", "--single-transaction", "--quick", "--routines", "--triggers",
+             "--hex-blob", database], out)
+
+
 def _parts(cluster: Cluster) -> dict[str, Any]:
     """What this host holds: part file name -> how to write it."""
     parts: dict[str, Any] = {}
     db = conf_value(SLURMDBD_CONF, "StorageLoc") if cluster.accounting else None
     if db:
-        parts["accounting.sql.gz"] = lambda out: _stream(
-            ["mysqldump", "--single-transaction", "--quick", "--routines", "--triggers",
-             "--hex-blob", db], out)
+        parts["accounting.sql.gz"] = lambda out: dump_accounting(db, out)
     d = cluster.directory
     if d is not None and d.managed and SLAPD_CONFIG.is_dir():
         parts["directory.ldif.gz"] = lambda out: _stream(
@@ -281,6 +286,28 @@ def feed(argv: list[str], packed: Path, tail_must: bytes | None = None) -> bytes
     return tail
 
 
+def verify_dump(dump: Path, job_table: str, jobs: tuple[int, ...] = ()) -> dict[str, Any]:
+    """verify's accounting check: ``dump`` loaded into a scratch database (dropped
+    afterwards), ``job_table``'s rows counted (``jobs``, newest_job_id) and ``jobs`` looked
+    for (``found_jobs``)."""
+    done: dict[str, Any] = {}
+    scratch = f"pyhpc_verify_{secrets.token_hex(4)}"
+    mysql(f"CREATE DATABASE `{scratch}`")
+    try:
+        feed(["mysql", scratch], dump, DUMP_END)
+        table = f"`{job_table}`"
+        count, newest = mysql(f"SELECT COUNT(*), COALESCE(MAX(id_job), 0) FROM {table}",
+                               scratch).split()
+        if jobs:
+            wanted = ", ".join(str(int(j)) for j in jobs)
+            done["found_jobs"] = sorted({int(j) for j in mysql(
+                f"SELECT DISTINCT id_job FROM {table} WHERE id_job IN ({wanted})",
+                scratch).split()})
+    finally:
+        mysql(f"DROP DATABASE IF EXISTS `{scratch}`")
+    return {"jobs": int(count), "newest_job_id": int(newest), **done}
+
+
 def verify(cluster: Cluster, name: str | None = None,
            jobs: tuple[int, ...] = ()) -> dict[str, Any]:
     """Check one backup (default: this host's newest good one) by restoring what it holds into
@@ -294,22 +321,7 @@ def verify(cluster: Cluster, name: str | None = None,
     done: dict[str, Any] = {"name": entry.name, "checksums": "ok"}
     dump = folder / "accounting.sql.gz"
     if dump.exists():
-        scratch = f"pyhpc_verify_{secrets.token_hex(4)}"
-        mysql(f"CREATE DATABASE `{scratch}`")
-        try:
-            feed(["mysql", scratch], dump, DUMP_END)
-            table = f"`{cluster.name}_job_table`"
-            count, newest = mysql(f"SELECT COUNT(*), COALESCE(MAX(id_job), 0) FROM {table}",
-                                   scratch).split()
-            if jobs:
-                wanted = ", ".join(str(int(j)) for j in jobs)
-                done["found_jobs"] = sorted({int(j) for j in mysql(
-                    f"SELECT DISTINCT id_job FROM {table} WHERE id_job IN ({wanted})",
-                    scratch).split()})
-        finally:
-            mysql(f"DROP DATABASE IF EXISTS `{scratch}`")
-        done["jobs"] = int(count)
-        done["newest_job_id"] = int(newest)
+        done.update(verify_dump(dump, f"{cluster.name}_job_table", jobs))
     ldif = folder / "directory.ldif.gz"
     if ldif.exists():
         with gzip.open(ldif, "rb") as fh:
