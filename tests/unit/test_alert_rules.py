@@ -36,11 +36,13 @@ BACKUP = set(backup.METRICS) | set(re.findall(
     .read_text(), re.M))
 
 
-def render(mountpoints: list[str], alert_for: str | None = None) -> str:
+def render(mountpoints: list[str], alert_for: str | None = None,
+           extra: list[str] | None = None) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(paths.ROOT), trim_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
-    return env.get_template(str(TEMPLATE)).render(monitoring_alert_mountpoints=mountpoints,
-                                                  monitoring_alert_for=alert_for)
+    return env.get_template(str(TEMPLATE)).render(
+        monitoring_alert_mountpoints=mountpoints, monitoring_alert_extra_mountpoints=extra or [],
+        monitoring_alert_for=alert_for)
 
 
 def rules(alert_for: str | None = None) -> list[dict]:
@@ -94,6 +96,9 @@ def test_the_node_alerts_keep_the_reason_label() -> None:
 def test_the_filesystem_alert_watches_the_configured_mountpoints() -> None:
     expr = {r["alert"]: r for r in rules()}["FilesystemAlmostFull"]["expr"]
     assert expr.count('mountpoint=~"/|/var|/home"') == 2 and "> 0.90" in expr
+    extra = yaml.safe_load(render(["/", "/home"], extra=["/scratch"]))["groups"][0]["rules"]
+    expr = next(r for r in extra if r["alert"] == "FilesystemAlmostFull")["expr"]
+    assert expr.count('mountpoint=~"/|/home|/scratch"') == 2
 
 
 def test_each_alert_waits_its_own_time_unless_the_definition_sets_one() -> None:
@@ -111,7 +116,8 @@ def test_an_unset_mountpoint_list_fails_the_render() -> None:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(paths.ROOT),
                              undefined=jinja2.StrictUndefined)
     with pytest.raises(jinja2.UndefinedError):
-        env.get_template(str(TEMPLATE)).render(monitoring_alert_for=None)
+        env.get_template(str(TEMPLATE)).render(monitoring_alert_for=None,
+                                               monitoring_alert_extra_mountpoints=[])
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
