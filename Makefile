@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
+.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-backup bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
 
 help: ## Print this help.
@@ -125,6 +125,9 @@ bench-hub: venv lab-up ## Benchmark the hub: twenty participants start their ser
 
 bench-workshop: venv lab-up ## Benchmark a day-one workshop: workshop create (and again) and delete of 200 participants, directory and accounting real (~3 min).
 	$(PY) -m benchmarks.workshop
+
+bench-backup: venv lab-up ## Benchmark backups per 10,000 job records: the accounting dump's size and time, the restore's load, verify's check, on scratch copies of the lab's accounting database (~1 min).
+	$(PY) -m benchmarks.backup
 
 bench-gpu: ## On a machine whose torch sees a GPU (not the lab): pyhpc bench, training fp32/bf16 vs its CPUs, the health check, NVML (~3 min; docs/benchmarks.md).
 	$(PYTHON) -m benchmarks.gpu --out benchmarks/results

@@ -145,6 +145,16 @@ def hub_last(way: str) -> Callable[[Figures], str]:
     return lambda f: num(f[way]["last_serving_s"], "s") if f[way]["last_serving_s"] else "none ran"
 
 
+def backup_per_10k(key: str, unit: str, digits: int) -> Callable[[Figures], str]:
+    """``key`` per 10,000 jobs at each job count, side by side (each count's total after)."""
+    def value(f: Figures) -> str:
+        runs = f["runs"]
+        counts = " / ".join(f"{r['jobs']:,}" for r in runs)
+        return " / ".join(num(r["per_10k"][key], unit, digits) for r in runs) + \
+            f" (at {counts} jobs)"
+    return value
+
+
 def bubble(schedule: str, microbatches: int) -> Callable[[Figures], str]:
     def value(f: Figures) -> str:
         row = next(r for r in f["bubble"]["rows"]
@@ -241,6 +251,21 @@ TABLES = [
           "The same on hostlab's `ctl` host, killed with `podman kill`, on both Slurm releases.",
           "`make bench-crash TARGET=hostlab`",
           crash_rows("slurm-wlm 22.05.8") + crash_rows("slurm-wlm 24.11.5")[:3]),
+    Table("backup", "Backups: per 10,000 job records",
+          "The backup's accounting part (mysqldump, gzip, sha256), the restore's load of it "
+          "into an empty database and verify's check (a scratch database, the load, the job "
+          "table counted), with pyhpc's own functions, on scratch copies of the lab's "
+          "accounting schema filled with copies of its real jobs and their steps (the lab's "
+          "rows: a real cluster's may be longer).",
+          "`make bench-backup` (~1 min)",
+          [Row("compressed dump, per 10,000 jobs", backup_per_10k("compressed_mib", "MiB", 2)),
+           Row("backup (dump, gzip, sha256), per 10,000 jobs",
+               backup_per_10k("backup_s", "s", 2)),
+           Row("restore's load, per 10,000 jobs", backup_per_10k("restore_load_s", "s", 2)),
+           Row("verify's check, per 10,000 jobs", backup_per_10k("verify_s", "s", 2)),
+           Row("every job back (the load and verify's count)",
+               lambda f: "yes" if f["every_row_back"] else "no", "yes",
+               lambda f: bool(f["every_row_back"]))]),
     Table("restore-hostlab", "Losing the db host, hostlab",
           "Jobs before a backup, jobs between it and the loss of the db host (removed with "
           "its volumes), the host deployed anew and `pyhpc admin restore`.",
