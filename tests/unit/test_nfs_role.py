@@ -109,6 +109,26 @@ def test_check_mode_client_would_mount_each_export_from_the_storage_host(tmp_pat
     assert FSTAB.read_bytes() == fstab
 
 
+def test_a_controller_mounts_only_the_exports_that_name_its_group(tmp_path: Path, fstab: bytes) -> None:
+    """A backup controller's shared StateSaveLocation: exported to [controller]; the controller
+    mounts it and not the users' shares, a compute host the reverse."""
+    exports = [{"path": "/home", "options": ["rw", "sync"]},
+               {"path": "/srv/slurmctld", "options": ["rw", "sync", "no_root_squash"],
+                "groups": ["controller"]}]
+    storage = {"hosts": {"storage": {"ansible_host": "10.0.0.5"}}}
+    for group, mounted in (("controller", ["/srv/slurmctld"]), ("compute", ["/home"])):
+        proc, report = play(tmp_path, inventory(tmp_path, {"nfs_server": storage, group: THIS}),
+                            *extra(nfs_exports=exports))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        assert [r["name"] for r in results(report)["Mount the exports"]["results"]] == mounted, group
+    # A host of no export's groups (the db host) is no client: nothing to install.
+    proc, report = play(tmp_path, inventory(tmp_path, {"nfs_server": storage, "dbd": THIS}),
+                        *extra(nfs_exports=exports))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    assert results(report)["Load the OS-specific variables"].get("skipped")
+    assert FSTAB.read_bytes() == fstab
+
+
 @pytest.mark.parametrize(("values", "task", "message"), [
     ({**NETWORK, "nfs_exports": [{"path": "home", "options": ["rw"]}]}, CHECK_EXPORTS,
      "nfs_exports[0].path: must be an absolute path without '.', '..' or whitespace and no trailing '/',"

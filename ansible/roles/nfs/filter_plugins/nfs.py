@@ -49,6 +49,17 @@ def nfs_input_errors(exports: list[dict[str, Any]], network: str, server: bool) 
     return errors
 
 
+#: The groups that mount an export that names none: the hosts users and jobs run on.
+MOUNTED_BY = ("login", "compute")
+
+
+def nfs_mounted_by(exports: list[dict[str, Any]], group_names: list[str]) -> list[dict[str, Any]]:
+    """The exports a host of `group_names` mounts: those naming one of its groups in `groups`
+    (default login and compute; e.g. [controller] for slurmctld's shared state)."""
+    return [export for export in exports
+            if set(export.get("groups") or MOUNTED_BY) & set(group_names)]
+
+
 def nfs_holding(paths: list[str], path: str) -> list[str]:
     """The paths among `paths` that `path` is, or lies under."""
     return [p for p in paths if (path + "/").startswith(p + "/")]
@@ -56,4 +67,5 @@ def nfs_holding(paths: list[str], path: str) -> list[str]:
 
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"nfs_input_errors": nfs_input_errors, "nfs_holding": nfs_holding}
+        return {"nfs_input_errors": nfs_input_errors, "nfs_holding": nfs_holding,
+                "nfs_mounted_by": nfs_mounted_by}
