@@ -568,7 +568,13 @@ def write_ssh(podman: Podman) -> None:
     hosts = {}
     if running:
         fmt = "{{.Name}} {{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
-        where = dict(line.split() for line in podman.out("inspect", "--format", fmt, *running).splitlines())
+        found = [line.split() for line in podman.out("inspect", "--format", fmt, *running).splitlines()]
+        where = {words[0]: words[1] for words in found if len(words) == 2}
+        # A container of hostlab's image without an address (another network, or none: a
+        # probe someone runs beside the hosts) is no host ssh can reach: left out.
+        for name in [name for name in running if name not in where]:
+            log(f"{name}: running from hostlab's image without an address: not in the ssh config")
+        running = [name for name in running if name in where]
         for name in running:
             key = podman.exec(name, "cat", HOST_KEY)
             if key.returncode != 0 or not key.stdout.strip():
