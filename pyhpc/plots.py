@@ -2,6 +2,7 @@
 panels, and a save that never follows a link."""
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,20 @@ def figure(panels: int) -> tuple[Any, Any]:
 
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
     return fig, axes[0]
+
+
+def clock_axis(ax: Any, start: datetime, end: datetime) -> None:
+    """x from ``start`` to ``end`` in clock times, UTC (HH:MM), with the date where the
+    two are on different days."""
+    from matplotlib import dates
+
+    one_day = start.astimezone(UTC).date() == end.astimezone(UTC).date()
+    ax.xaxis.set_major_locator(dates.AutoDateLocator(  # type: ignore[no-untyped-call]
+        tz=UTC, maxticks=6))  # untyped in matplotlib's stubs
+    ax.xaxis.set_major_formatter(dates.DateFormatter(  # type: ignore[no-untyped-call]
+        "%H:%M" if one_day else "%m-%d\n%H:%M", tz=UTC))
+    ax.set_xlim(start, end)
+    ax.set_xlabel("time (UTC)")
 
 
 def save(fig: Any, path: Path, integer_x: bool = True) -> Path:

@@ -15,6 +15,7 @@ import math
 import re
 import time
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,17 @@ LEAST = 10
 PAGE = "index.html"
 PNG = {"utilization": "utilization.png", "jobs": "jobs.png", "gpu_hours": "gpu-hours.png",
        "least": "least-used.png"}
-#: What each part of the page asks Prometheus ({rate}: the window a rate is taken over).
+#: What each part of the page asks Prometheus ({rate}: the window a rate is taken over;
+#: {step}: one step, so a job shorter than a step still counts). A state with no node or
+#: job has no series; the ``*_ok`` answers say when the exporter's command answered, so
+#: such a state is 0 then, and unknown (a gap) when it did not.
 QUERIES = {
     "nodes": "count by (state) (pyhpc_slurm_node_state)",
+    "nodes_ok": 'max(pyhpc_exporter_command_ok{{command="scontrol"}})',
     "host_cpu": 'avg by (instance) (1 - rate(node_cpu_seconds_total{{mode="idle"}}[{rate}]))',
     "gpus_allocated": "sum(slurm_gpus_alloc) / sum(slurm_gpus_total)",
-    "jobs": "sum by (state) (pyhpc_slurm_jobs)",
+    "jobs": "sum by (state) (max_over_time(pyhpc_slurm_jobs[{step}]))",
+    "jobs_ok": 'max(pyhpc_exporter_command_ok{{command="squeue"}})',
     "gpus_by_account": "sum by (account) (pyhpc_job_gpus)",
     "cpus_held": "sum by (jobid, user, account) (cgroup_cpus)",
     "cpu_used": "sum by (jobid, user, account) (rate(cgroup_cpu_total_seconds[{rate}]))",
@@ -65,6 +71,12 @@ class Window:
     def rate(self) -> str:
         """A rate over at least a minute (two scrapes at least, whatever the interval)."""
         return f"{int(max(60.0, 2 * self.step))}s"
+
+    @property
+    def times(self) -> list[float]:
+        """Every point's time, as Prometheus' range query gives them."""
+        return [self.start + i * self.step
+                for i in range(int((self.end - self.start) / self.step) + 1)]
 
 
 @dataclass(frozen=True)
@@ -100,9 +112,33 @@ def window(since: str, now: float) -> Window:
 
 def ask(base: str, win: Window) -> dict[str, Series]:
     """Every query of :data:`QUERIES` over the window: one range query each."""
-    return {name: prometheus.query_range(base, promql.format(rate=win.rate), win.start,
-                                         win.end, win.step)
+    return {name: prometheus.query_range(base, promql.format(rate=win.rate,
+                                                             step=f"{int(win.step)}s"),
+                                         win.start, win.end, win.step)
             for name, promql in QUERIES.items()}
+
+
+def rounded(value: float) -> float:
+    """One rule for every figure the page, its plots and ``--json`` show: 3 significant
+    digits (0.00833, 48.2, 1230)."""
+    return round(value, 2 - math.floor(math.log10(abs(value)))) if value else 0.0
+
+
+def shown(value: float) -> str:
+    """:func:`rounded` as text, without an exponent."""
+    value = rounded(value)
+    return f"{value:.{max(0, 2 - math.floor(math.log10(abs(value))))}f}" if value else "0"
+
+
+def counts(series: Series, ok: Series) -> Series:
+    """Counts by state with the zeros put back: at a time the exporter's command answered
+    (``ok`` 1), a state without a point had none; where it did not, no point (a gap)."""
+    answered = {t for _, points in ok for t, v in points if v >= 1}
+    out: Series = []
+    for labels, points in series:
+        held = dict(points)
+        out.append((labels, sorted({**{t: 0.0 for t in answered}, **held}.items())))
+    return out
 
 
 def gpu_hours(series: Series, step: float) -> dict[str, float]:
@@ -111,7 +147,7 @@ def gpu_hours(series: Series, step: float) -> dict[str, float]:
     for labels, points in series:
         account = labels.get("account") or "(none)"
         out[account] = out.get(account, 0.0) + sum(v for _, v in points) * step / 3600
-    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+    return {a: rounded(h) for a, h in sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
 def _by_job(series: Series) -> dict[tuple[str, str, str], dict[float, float]]:
@@ -140,15 +176,25 @@ def job_use(answers: dict[str, Series], step: float) -> list[JobUse]:
     return sorted(out, key=lambda j: (j.share is None, j.share or 0.0, j.job_id))
 
 
-def _hours(points: list[tuple[float, float]], end: float) -> tuple[list[float], list[float]]:
-    return [(t - end) / 3600 for t, _ in points], [v for _, v in points]
+def _clock(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
 
 
-def _lines(ax: Any, series: Series, key: str, end: float, scale: float = 1.0,
-           style: str = "-") -> None:
+def _on_grid(points: list[tuple[float, float]], win: Window,
+             scale: float) -> tuple[list[datetime], list[float]]:
+    """The series at every point of the window, NaN where it has none, so that a line
+    breaks at a gap instead of joining across it."""
+    held = dict(points)
+    return ([_clock(t) for t in win.times],
+            [held[t] * scale if t in held else math.nan for t in win.times])
+
+
+def _lines(ax: Any, series: Series, key: str, win: Window, scale: float = 1.0,
+           style: str = "-", label: str | None = None) -> None:
+    """One line per series; a marker on each point, so a point alone shows too."""
     for labels, points in sorted(series, key=lambda s: s[0].get(key, "")):
-        x, y = _hours(points, end)
-        ax.plot(x, [v * scale for v in y], style, label=labels.get(key) or key)
+        x, y = _on_grid(points, win, scale)
+        ax.plot(x, y, style, marker=".", markersize=3, label=label or labels.get(key) or key)
 
 
 def _nothing(ax: Any, what: str) -> None:
@@ -156,57 +202,60 @@ def _nothing(ax: Any, what: str) -> None:
             transform=ax.transAxes)
 
 
-def plot_utilization(answers: dict[str, Series], win: Window, path: Path) -> Path:
+def utilization_figure(answers: dict[str, Series], win: Window) -> Any:
     fig, (nodes, busy) = plots.figure(2)
-    _lines(nodes, answers["nodes"], "state", win.end)
-    nodes.set(title="Nodes by state (Slurm)", xlabel="hours before the end", ylabel="nodes")
+    _lines(nodes, counts(answers["nodes"], answers["nodes_ok"]), "state", win)
+    nodes.set(title="Nodes by state (Slurm)", ylabel="nodes")
     nodes.set_ylim(bottom=0)
-    _lines(busy, answers["host_cpu"], "instance", win.end, 100)
-    for _, points in answers["gpus_allocated"]:
-        x, y = _hours(points, win.end)
-        busy.plot(x, [v * 100 for v in y], "--", label="GPUs allocated")
-    busy.set(title="Hosts' CPUs busy, GPUs allocated", xlabel="hours before the end",
-             ylabel="%", ylim=(0, 105))
-    for ax, key in ((nodes, "nodes"), (busy, "host_cpu")):
-        if not answers[key]:
+    _lines(busy, answers["host_cpu"], "instance", win, 100)
+    _lines(busy, answers["gpus_allocated"], "", win, 100, "--", "GPUs allocated")
+    busy.set(title="Hosts' CPUs busy, GPUs allocated", ylabel="%", ylim=(0, 105))
+    for ax, keys in ((nodes, ("nodes",)), (busy, ("host_cpu", "gpus_allocated"))):
+        plots.clock_axis(ax, _clock(win.start), _clock(win.end))
+        if not any(answers[key] for key in keys):
             _nothing(ax, "samples")
-    return plots.save(fig, path, integer_x=False)
+    return fig
 
 
-def plot_jobs(answers: dict[str, Series], win: Window, path: Path) -> Path:
+def jobs_figure(answers: dict[str, Series], win: Window) -> Any:
     fig, (ax,) = plots.figure(1)
-    _lines(ax, answers["jobs"], "state", win.end)
-    ax.set(title="Jobs by state", xlabel="hours before the end", ylabel="jobs")
+    _lines(ax, counts(answers["jobs"], answers["jobs_ok"]), "state", win)
+    ax.set(title="Jobs by state", ylabel="jobs")
     ax.set_ylim(bottom=0)
+    plots.clock_axis(ax, _clock(win.start), _clock(win.end))
     if not answers["jobs"]:
         _nothing(ax, "jobs")
-    return plots.save(fig, path, integer_x=False)
+    return fig
 
 
-def _bars(ax: Any, names: list[str], values: list[float]) -> None:
-    ax.barh(range(len(names)), values)
+def _bars(ax: Any, names: list[str], values: list[float], labels: list[str]) -> None:
+    """Bars labelled with the figures the page's tables show (a bar of 0 shows its 0)."""
+    bars = ax.barh(range(len(names)), values)
+    ax.bar_label(bars, labels, padding=3, fontsize="small")
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
 
 
-def plot_gpu_hours(hours: dict[str, float], path: Path) -> Path:
+def gpu_hours_figure(hours: dict[str, float]) -> Any:
     fig, (ax,) = plots.figure(1)
-    _bars(ax, list(hours), list(hours.values()))
+    _bars(ax, list(hours), list(hours.values()), [shown(h) for h in hours.values()])
     ax.set(title="GPU-hours held, per account", xlabel="GPU-hours")
+    ax.margins(x=0.15)
     if not hours:
         _nothing(ax, "GPUs held")
-    return plots.save(fig, path, integer_x=False)
+    return fig
 
 
-def plot_least(jobs: list[JobUse], path: Path) -> Path:
+def least_figure(jobs: list[JobUse]) -> Any:
     fig, (ax,) = plots.figure(1)
-    shown = [j for j in jobs if j.share is not None][:LEAST]
-    _bars(ax, [f"{j.job_id} ({j.user})" for j in shown], [100 * (j.share or 0.0) for j in shown])
+    with_figures = [j for j in jobs[:LEAST] if j.share is not None]
+    _bars(ax, [f"{j.job_id} ({j.user})" for j in with_figures],
+          [100 * (j.share or 0.0) for j in with_figures], [_pct(j.share) for j in with_figures])
     ax.set(title="Jobs that used least of what they held", xlabel="% of held CPUs or GPUs used",
-           xlim=(0, 105))
-    if not shown:
+           xlim=(0, 115))
+    if not with_figures:
         _nothing(ax, "jobs with figures")
-    return plots.save(fig, path, integer_x=False)
+    return fig
 
 
 def _pct(value: float | None) -> str:
@@ -220,7 +269,8 @@ def _stamp(t: float) -> str:
 FIGURES = {
     "utilization": "Slurm's nodes by state; each host's CPUs busy (node_exporter) and the "
                    "share of the cluster's GPUs allocated to jobs.",
-    "jobs": "Jobs by state (each array task one), as the Slurm exporter counted them.",
+    "jobs": "Jobs by state (each array task one), as the Slurm exporter counted them: the "
+            "most in each step, so a job shorter than a step shows too.",
     "gpu_hours": "GPUs the jobs of each account held, times how long (GPU-hours held, not "
                  "used: the lab's stand-in GPUs count too).",
     "least": "Running jobs by the share of what they held that they used: their GPUs' "
@@ -234,7 +284,7 @@ def page(base: str, win: Window, hours: dict[str, float], jobs: list[JobUse]) ->
     figures = "".join(
         f'<figure id="{name}"><img src="{PNG[name]}" alt="{esc(FIGURES[name])}">'
         f"<figcaption>{esc(FIGURES[name])}</figcaption></figure>\n" for name in PNG)
-    account_rows = "".join(f"<tr><td>{esc(a)}</td><td>{h:.1f}</td></tr>\n"
+    account_rows = "".join(f"<tr><td>{esc(a)}</td><td>{shown(h)}</td></tr>\n"
                            for a, h in hours.items()) or '<tr><td colspan="2">none</td></tr>\n'
     job_rows = "".join(
         f"<tr><td>{esc(j.job_id)}</td><td>{esc(j.user)}</td><td>{esc(j.account)}</td>"
@@ -265,11 +315,14 @@ def write(base: str, since: str, out: Path, now: float | None = None) -> dict[st
     hours = gpu_hours(answers["gpus_by_account"], win.step)
     jobs = job_use(answers, win.step)
     where = files.make_dir(out, "html")
-    written = [plot_utilization(answers, win, where / PNG["utilization"]),
-               plot_jobs(answers, win, where / PNG["jobs"]),
-               plot_gpu_hours(hours, where / PNG["gpu_hours"]),
-               plot_least(jobs, where / PNG["least"])]
+    figures = {"utilization": utilization_figure(answers, win),
+               "jobs": jobs_figure(answers, win), "gpu_hours": gpu_hours_figure(hours),
+               "least": least_figure(jobs)}
+    written = [plots.save(fig, where / PNG[name], integer_x=False)
+               for name, fig in figures.items()]
     html_path = files.write_text(where / PAGE, page(base, win, hours, jobs), "html")
     return {"html": str(html_path), "pngs": [str(p) for p in written],
             "window": asdict(win), "gpu_hours": hours,
+            "jobs": {labels.get("state", ""): points
+                     for labels, points in counts(answers["jobs"], answers["jobs_ok"])},
             "least_used": [{**asdict(j), "share": j.share} for j in jobs[:LEAST]]}

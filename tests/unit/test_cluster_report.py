@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import re
 import stat
 import urllib.parse
 from pathlib import Path
@@ -28,16 +30,16 @@ JOBS = {"busy": {"jobid": "101", "user": "user1", "account": "lab"},
 def answers(win: cluster_report.Window) -> dict[str, list[dict[str, Any]]]:
     """What the faked Prometheus holds: two CPU jobs of 2 CPUs each (one busy, one asleep)
     and a job on 2 stand-in GPUs (held, no utilization), over the whole window."""
-    times = [win.start + i * win.step for i in range(int((win.end - win.start) / win.step) + 1)]
-
     def series(labels: dict[str, str], value: float) -> dict[str, Any]:
-        return {"metric": labels, "values": [[t, str(value)] for t in times]}
+        return {"metric": labels, "values": [[t, str(value)] for t in win.times]}
 
     return {
         "nodes": [series({"state": "idle"}, 2), series({"state": "allocated"}, 2)],
+        "nodes_ok": [series({}, 1)],
         "host_cpu": [series({"instance": "localhost"}, 0.5)],
         "gpus_allocated": [series({}, 0.5)],
         "jobs": [series({"state": "running"}, 3), series({"state": "pending"}, 1)],
+        "jobs_ok": [series({}, 1)],
         "gpus_by_account": [series({"account": "lab"}, 2)],
         "cpus_held": [series(JOBS[j], 2) for j in JOBS],
         "cpu_used": [series(JOBS["busy"], 2), series(JOBS["sleep"], 0.02),
@@ -47,12 +49,13 @@ def answers(win: cluster_report.Window) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-@pytest.fixture
-def fake_prometheus(monkeypatch) -> list[str]:
+def serve(monkeypatch, win: cluster_report.Window,
+          held: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Prometheus' query_range API, faked: each query's answer from ``held``, in the
+    API's own JSON."""
     asked: list[str] = []
-    win = cluster_report.window("24h", NOW)
-    held = answers(win)
-    by_query = {q.format(rate=win.rate): name for name, q in cluster_report.QUERIES.items()}
+    by_query = {q.format(rate=win.rate, step=f"{int(win.step)}s"): name
+                for name, q in cluster_report.QUERIES.items()}
 
     def urlopen(req, timeout: float, context=None):
         address = req.full_url  # a Request: pyhpc adds the credentials
@@ -65,6 +68,12 @@ def fake_prometheus(monkeypatch) -> list[str]:
     monkeypatch.setattr(prometheus.urllib.request, "urlopen", urlopen)
     monkeypatch.delenv(prometheus.ENV, raising=False)
     return asked
+
+
+@pytest.fixture
+def fake_prometheus(monkeypatch) -> list[str]:
+    win = cluster_report.window("24h", NOW)
+    return serve(monkeypatch, win, answers(win))
 
 
 def test_the_window_is_aligned_to_a_step_of_at_most_240_points() -> None:
@@ -179,5 +188,85 @@ def test_cli_refusals_are_one_line_with_exit_2(argv: list[str], message: str, ca
 def test_every_metric_the_report_asks_for_is_exported(tmp_path: Path, fake_slurm) -> None:
     known = exported(tmp_path, fake_slurm) | NODE_EXPORTER | {"node_cpu_seconds_total"}
     for name, promql in cluster_report.QUERIES.items():
-        names = metric_names(promql.format(rate="60s"))
+        names = metric_names(promql.format(rate="60s", step="15s"))
         assert names and names <= known, (name, names - known)
+
+
+def ticks(fig: Any) -> list[list[str]]:
+    """Each panel's x tick labels as matplotlib draws them."""
+    fig.canvas.draw()
+    return [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes]
+
+
+def test_time_axes_show_clock_times_in_utc_with_the_date_across_days() -> None:
+    day = cluster_report.window("24h", NOW)  # 2027-01-14 08:00 to 01-15 08:00
+    hour = cluster_report.window("1h", NOW)  # 07:00 to 08:00 the same day
+    for win, shape in ((day, r"\d\d-\d\d\n\d\d:\d\d"), (hour, r"\d\d:\d\d")):
+        held = {name: [(s["metric"], [(float(t), float(v)) for t, v in s["values"]])
+                       for s in series] for name, series in answers(win).items()}
+        for fig in (cluster_report.utilization_figure(held, win),
+                    cluster_report.jobs_figure(held, win)):
+            for ax, labels in zip(fig.axes, ticks(fig), strict=True):
+                assert ax.get_xlabel() == "time (UTC)"
+                assert labels and all(re.fullmatch(shape, t) for t in labels), labels
+    hour_fig = cluster_report.jobs_figure({"jobs": [], "jobs_ok": []}, hour)
+    assert ticks(hour_fig)[0][0] == "07:00" and ticks(hour_fig)[0][-1] == "08:00"
+    assert "01-15\n00:00" in ticks(cluster_report.jobs_figure({"jobs": [], "jobs_ok": []},
+                                                             day))[0]
+
+
+def test_a_state_seen_at_one_point_is_drawn_with_its_zeros_and_a_gap_stays_a_gap() -> None:
+    """A short job shows at one point only (the exporter has no series for a state with no
+    jobs); where squeue answered, the other points are 0; where it did not, nothing."""
+    win = cluster_report.window("10m", NOW)
+    times = win.times
+    ok = [(t, 1.0) for t in times if t != times[5]]
+    held = {"jobs": [({"state": "running"}, [(times[3], 2.0)])], "jobs_ok": [({}, ok)]}
+    fig = cluster_report.jobs_figure(held, win)
+    (line,) = fig.axes[0].get_lines()
+    y = list(line.get_ydata())
+    assert y[3] == 2.0 and y[:3] == [0.0] * 3 and math.isnan(y[5])
+    assert sum(1 for v in y if v == 0.0) == len(times) - 2
+    assert line.get_marker() == "."  # a point alone is drawn too
+    assert not list(fig.axes[0].texts)  # not "no jobs"
+    empty = cluster_report.jobs_figure({"jobs": [], "jobs_ok": [({}, ok)]}, win)
+    assert [t.get_text() for t in empty.axes[0].texts] == ["no jobs in this window"]
+
+
+def test_gpu_hours_agree_between_table_chart_and_json(tmp_path: Path, monkeypatch) -> None:
+    """One GPU held for 30 s: 0.00833 GPU-hours everywhere (3 significant digits)."""
+    win = cluster_report.window("10m", NOW)
+    held = {name: [] for name in cluster_report.QUERIES}
+    held["gpus_by_account"] = [{"metric": {"account": "lab"},
+                                "values": [[win.times[-2], "1"], [win.times[-1], "1"]]}]
+    serve(monkeypatch, win, held)
+    data = cluster_report.write("http://prom:9090", "10m", tmp_path / "r", now=NOW)
+    assert data["gpu_hours"] == {"lab": 0.00833}
+    assert "<tr><td>lab</td><td>0.00833</td></tr>" in Path(data["html"]).read_text()
+    fig = cluster_report.gpu_hours_figure(data["gpu_hours"])
+    assert [t.get_text() for t in fig.axes[0].texts] == ["0.00833"]
+
+
+@pytest.mark.parametrize("value, text", [(48.2, "48.2"), (0.008333, "0.00833"),
+                                         (1234.5, "1230"), (2.0, "2.00"), (0.0, "0")])
+def test_every_figure_has_three_significant_digits(value: float, text: str) -> None:
+    assert cluster_report.shown(value) == text
+    assert cluster_report.rounded(value) == float(text)
+
+
+def test_the_least_used_chart_labels_its_bars_as_the_table_does(tmp_path: Path,
+                                                                fake_prometheus) -> None:
+    data = cluster_report.write("http://prom:9090", "24h", tmp_path / "r", now=NOW)
+    jobs = cluster_report.job_use(
+        {name: [(s["metric"], [(float(t), float(v)) for t, v in s["values"]]) for s in series]
+         for name, series in answers(cluster_report.window("24h", NOW)).items()}, 360)
+    fig = cluster_report.least_figure(jobs)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["102 (user2)", "103 (user1)",
+                                                            "101 (user1)"]
+    assert [t.get_text() for t in ax.texts] == ["1%", "50%", "100%"]
+    page = Path(data["html"]).read_text()
+    for job, pct in (("102", "1%"), ("103", "50%"), ("101", "100%")):
+        assert re.search(rf"<tr><td>{job}</td><td>[^<]*</td><td>[^<]*</td><td>2</td>"
+                         rf"<td>{pct}</td>", page)
