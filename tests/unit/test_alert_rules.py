@@ -13,7 +13,8 @@ import jinja2
 import pytest
 import yaml
 from prometheus_client import generate_latest
-from test_job_exporter import DETAILS, FakeNvml, v1_tree
+from prometheus_client.parser import text_string_to_metric_families
+from test_job_exporter import DETAILS, FakeNvml, v1_tree, v2_tree
 from test_slurm_exporter import NODES, SDIAG, queue_text
 
 from pyhpc import paths
@@ -133,3 +134,47 @@ def test_metric_names_are_read_from_selectors_not_functions_or_label_lists() -> 
     assert metric_names('avg by (jobid, user) (foo{jobid!="",a=~"x|y"}) < 0.10 and bar > 0') \
         == {"foo", "bar"}
     assert metric_names("max by (node) (a_b) > max by (node) (c:d)") == {"a_b", "c:d"}
+
+
+def input_series(text: str, job: str) -> list[dict[str, str]]:
+    """An exporter's scrape as promtool's input series, with the target labels Prometheus
+    adds (instance, job), each sample unchanged for an hour."""
+    out = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = {**sample.labels, "instance": "gpu1", "job": job}
+            inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            out.append({"series": f"{sample.name}{{{inner}}}", "values": f"{sample.value}x60"})
+    return out
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_promtool_fires_the_gpu_alerts_on_the_exporters_own_series(tmp_path, fake_slurm) -> None:
+    """The lab's stand-ins have no NVML figures, so JobGpusIdle cannot fire there: here
+    alice's job 41 holds GPUs 1 and 2 at 3% and 5% (NVML faked, the job exporter's real
+    labels) and Slurm declares 4 GPUs on gpu1 where NVML answers for 3 (GpusMissing)."""
+    fake_slurm.answers.update({"squeue": (0, queue_text(2)), "scontrol": (0, NODES),
+                               "sdiag": (0, SDIAG), "sacct": (0, "100\n")})
+    slurm = generate_latest(serve.registry(slurm_exporter.SlurmCollector())).decode()
+    fake_slurm.answers["squeue"] = (0, DETAILS)
+    nvml = gpus.Nvml(FakeNvml([(0, 0, 0, 80), (1, 3, 70, 80), (2, 5, 10, 80)]))
+    jobs = generate_latest(serve.registry(job_exporter.JobCollector(
+        ["gpu1"], v2_tree(tmp_path), tmp_path / "gres.conf", nvml))).decode()
+    (tmp_path / "rules.yml").write_text(render(["/"]))
+    idle = {"alertname": "JobGpusIdle", "jobid": "41", "user": "alice", "account": "lab",
+            "severity": "warning"}
+    tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": input_series(slurm, "slurm") + input_series(jobs, "jobs"),
+        "alert_rule_test": [
+            {"eval_time": "20m", "alertname": "JobGpusIdle", "exp_alerts": []},
+            {"eval_time": "40m", "alertname": "JobGpusIdle", "exp_alerts": [{
+                "exp_labels": idle, "exp_annotations": {
+                    "summary": "job 41 (alice) has used under 10% of its GPUs for 30m"}}]},
+            {"eval_time": "20m", "alertname": "GpusMissing", "exp_alerts": [{
+                "exp_labels": {"node": "gpu1", "severity": "critical"}, "exp_annotations": {
+                    "summary": "node gpu1 has fewer GPUs than its GRES declares"}}]}]}]}
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))
+    proc = subprocess.run(["promtool", "test", "rules", "tests.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
