@@ -155,6 +155,13 @@ def backup_per_10k(key: str, unit: str, digits: int) -> Callable[[Figures], str]
     return value
 
 
+def upgrade_versions(f: Figures) -> str:
+    def side(v: dict[str, str]) -> str:
+        return (f"Debian {v['debian']}: slurmdbd {v['slurmdbd']}, "
+                f"MariaDB {v['mariadb-server'].split(':')[-1]}")
+    return f"{side(f['old']['versions'])} → {side(f['new']['versions'])}"
+
+
 def bubble(schedule: str, microbatches: int) -> Callable[[Figures], str]:
     def value(f: Figures) -> str:
         row = next(r for r in f["bubble"]["rows"]
@@ -297,6 +304,35 @@ TABLES = [
                lambda f: f"{f['burst_lost']} of {f['burst_jobs']}"),
            Row("time until ctl is in charge again, its boot included (median)",
                lambda f: num(f["median_takeback_s"], "s"))]),
+    Table("upgrade-dbd", "Debian 13's slurmdbd on Debian 12's accounting database",
+          "A copy of hostlab db's accounting database (Slurm 22.05, MariaDB 10.11), loaded "
+          "into Debian 13's MariaDB in a container and given to Debian 13's slurmdbd; then the "
+          "same with 23.02's one conversion step from it replayed by SQL first (SchedMD does "
+          "not support this), and with the job table grown.",
+          "`python -m benchmarks.upgrade_dbd` (hostlab's db host up; ~3 min)",
+          [Row("versions, Debian 12 → 13", upgrade_versions),
+           Row("slurmdbd 24.11 on the 22.05 database",
+               lambda f: f"{f['outcome']}: `{f['refusal'].split(': ', 1)[-1]}`"
+               if f["refusal"] else f["outcome"]),
+           Row("schema version of the 22.05 database",
+               lambda f: str(f["old"]["rows"]["schema_version"])),
+           Row("database after the refusal: rows and schema unchanged",
+               lambda f: "yes" if f["rows_kept"] and all(
+                   r["after"] == r["before"] for r in f["runs"]) else "no", "yes",
+               lambda f: f["rows_kept"]),
+           Row("with 23.02's step replayed: outcome, schema after",
+               lambda f: f"{f['replayed_outcome']}, "
+               f"{f['replayed'][0]['after']['schema_version']}"),
+           Row("every job's and step's fields equal after, sacct equal to db's",
+               lambda f: "yes" if all(r.get("fields_equal") for r in f["replayed"])
+               and f["replayed"][0]["sacct"]["equal_to_db"] else "no", "yes",
+               lambda f: all(r.get("fields_equal") for r in f["replayed"])
+               and f["replayed"][0]["sacct"]["equal_to_db"]),
+           Row("slurmdbd's start with the conversion, by job records",
+               lambda f: ", ".join(f"{int(n):,}: {num(s, 's', 2)}"
+                                   for n, s in f["replayed_seconds"].items())),
+           Row("seconds each 1,000 more job records add",
+               lambda f: num(f["replayed_seconds_per_1000_more_jobs"], "s", 3))]),
     Table("monitoring", "Monitoring's cost",
           "A training job's samples/s with monitoring on and off (ABBA); each exporter's "
           "scrape at 4 and 68 nodes; Slurm commands per scrape with 1,000 jobs queued.",

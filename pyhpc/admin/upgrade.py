@@ -14,6 +14,11 @@ from pyhpc.admin.upgrade_facts import Facts, Host
 from pyhpc.admin.upgrade_releases import (
     COMPONENTS,
     DEBIAN,
+    REPLAY,
+    SCHEMA,
+    SCHEMA_MIN,
+    SHIPPED,
+    TOO_OLD,
     UPGRADES,
     UPGRADES_FROM,
     UpgradeError,
@@ -131,12 +136,33 @@ def _slurm(old: str, new_version: str, pending: int, running: int) -> dict[str, 
                         "StateSaveLocation (it is backed up, then started empty)")
         out["pending"] = ("held (scontrol hold), recorded with their scripts and options, "
                           "resubmitted after the upgrade; old and new job ids are listed")
-        out["accounting"] = (f"{new}'s slurmdbd may refuse {old}'s schema ('Database schema "
-                             "is too old'): converted through "
-                             + " -> ".join(steps) + ", on a copy from the backup first"
-                             if steps else f"no supported path from {old} to {new}")
+        out["accounting"], out["route"] = _accounting(old, new, steps)
         out["chain"] = list(steps)
     return out
+
+
+def _accounting(old: str, new: str, steps: tuple[str, ...]) -> tuple[str, list[str]]:
+    """How the accounting database gets from ``old``'s schema to ``new``'s, and the route:
+    through releases Debian ships where there are; else by replaying the missing release's
+    step by SQL, where pyhpc has it; else none."""
+    between = [r for r in steps[1:-1] if r in SHIPPED.values()]
+    if steps and len(between) == len(steps) - 2:
+        return (f"converted through {' -> '.join(steps)}, on a copy from the backup first",
+                list(steps))
+    have, need = SCHEMA.get(old), SCHEMA_MIN.get(new)
+    missing = ", ".join(r for r in steps[1:-1] if r not in between)
+    if have is None or need is None or have not in REPLAY or need != have + 1:
+        return (f"slurmdbd {new} may refuse {old}'s database ('{TOO_OLD}') and Debian ships "
+                f"no release between ({missing}): no route pyhpc knows", [])
+    through = next(r for r, v in SCHEMA.items() if v == need)
+    bridges = ", ".join(sorted(r for r in UPGRADES_FROM[new] if supported(old, r)))
+    return (f"slurmdbd {new} refuses {old}'s database (schema {have}; it converts {need} and "
+            f"newer): '{TOO_OLD}' Debian and PyPI ship no release both accept ({bridges}). On a "
+            f"copy from the backup, {through}'s one step from schema {have} is replayed by SQL "
+            f"(SchedMD does not support this), slurmdbd {new} converts the copy, and its jobs "
+            f"are checked against the old sacct before it replaces the database",
+            [f"{old} (schema {have})", f"{through}'s step by SQL (schema {need})",
+             f"{new} (schema {SCHEMA.get(new, '?')})"])
 
 
 def _drain(slurm: dict[str, Any]) -> list[dict[str, str]]:
@@ -188,7 +214,8 @@ def build(cluster: Cluster, found: list[Facts]) -> dict[str, Any]:
     running = sum(f.number("jobs_running") or 0 for f in found if "controller" in f.host.roles)
     slurm = _slurm(old, target.versions["slurm"], pending, running)
     job_records = sum(f.number("job_records") or 0 for f in found)
-    steps = max(len(slurm.get("chain", [])) - 1, 1)
+    # Conversions slurmdbd makes: one a release passed through (a replayed step is not one).
+    steps = max(sum(1 for r in slurm.get("route", []) if "by SQL" not in r) - 1, 1)
     phases = _phases(found, total, job_records, steps)
     window = sum(p["minutes"] for p in phases if p["phase"] in BLOCKING) \
         + ESTIMATE["restart_min"]

@@ -4,7 +4,8 @@ Slurm releases SchedMD supports upgrading to which.
 Bookworm's versions are what ``apt-cache policy`` shows on Debian 12 (the lab). Trixie's
 come from Debian 13's archive (packages.debian.org, trixie); they are not read from a
 host, so check them against ``apt-cache policy`` on a Debian 13 host when trixie moves.
-Bookworm-backports has no Slurm: 22.05 is Debian 12's only Slurm.
+Bookworm-backports has no Slurm: 22.05 is Debian 12's only Slurm, and no suite or PyPI
+has 23.02, 23.11 or 24.05 to pass through.
 """
 from __future__ import annotations
 
@@ -61,6 +62,25 @@ UPGRADES_FROM: dict[str, tuple[str, ...]] = {
     "25.05": ("24.11", "24.05", "23.11"),
     "25.11": ("25.05", "24.11", "24.05"),
 }
+#: The Slurm releases Debian ships, suite by suite (and PyPI none): the only ones an
+#: upgrade may pass through. Bookworm-backports has none.
+SHIPPED = {"bookworm": "22.05", "trixie": "24.11"}
+
+#: slurmdbd's accounting schema (``convert_version_table``) as each release leaves it, and
+#: the oldest each converts (its ``MIN_CONVERT_VERSION``). 22.05's 12, 24.11's 16 and its
+#: refusal of 12 are measured (benchmarks/results/upgrade-dbd.json); 13 is 23.02's.
+SCHEMA = {"22.05": 12, "23.02": 13, "24.11": 16}
+SCHEMA_MIN = {"24.11": 13}
+#: What 24.11's slurmdbd prints, then exits 1, on a schema older than its minimum.
+TOO_OLD = "Database schema is too old for this version of Slurm to upgrade."
+#: 23.02's whole conversion from schema 12, as SQL: one column renamed (its
+#: _convert_clus_res_table_pre), the rest is the table checks 24.11 makes itself; then the
+#: version 23.02 writes. Replayed on a copy, it lets 24.11 convert 22.05's database.
+#: SchedMD does not support this.
+REPLAY = {12: ("alter table clus_res_table change percent_allowed allowed int unsigned "
+               "default 0", "update convert_version_table set version = 13, "
+               "mod_time = unix_timestamp()")}
+
 KNOWN = tuple(sorted({*UPGRADES_FROM, *(r for v in UPGRADES_FROM.values() for r in v)}))
 SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
 

@@ -132,3 +132,25 @@ def test_the_text_plan_names_every_section() -> None:
     for word in ("22.05.8 -> 24.11.5", "NOT supported", "Drained:", "Backups into",
                  "Phases, in order:", "No job can start for about"):
         assert word in out
+
+
+def test_the_22_05_database_goes_to_24_11_by_23_02s_step_replayed_as_measured() -> None:
+    s = plan.build(LAB, [host_facts()])["slurm"]
+    assert f"'{releases.TOO_OLD}'" in s["accounting"]
+    assert "no release both accept (23.02, 23.11)" in s["accounting"]
+    assert "SchedMD does not support this" in s["accounting"]
+    assert s["route"] == ["22.05 (schema 12)", "23.02's step by SQL (schema 13)",
+                          "24.11 (schema 16)"]
+    assert all(r not in releases.SHIPPED.values() for r in ("23.02", "23.11", "24.05"))
+
+
+def test_a_jump_without_a_replayed_step_has_no_route() -> None:
+    text, route = plan._accounting("21.08", "24.11", chain("21.08", "24.11"))
+    assert route == [] and "no route pyhpc knows" in text and releases.TOO_OLD in text
+
+
+def test_a_chain_through_releases_debian_ships_converts_through_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(releases.SHIPPED, "bookworm-backports", "23.02")
+    text, route = plan._accounting("22.05", "24.11", ("22.05", "23.02", "24.11"))
+    assert route == ["22.05", "23.02", "24.11"] and text.startswith("converted through")
