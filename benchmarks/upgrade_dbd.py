@@ -73,7 +73,7 @@ RUN = """cd /root; rm -f dbd.out; start=$(date +%s.%N)
 slurmdbd -D -vvv >dbd.out 2>&1 & pid=$!; echo $pid >dbd.pid
 deadline=$(( $(date +%s) + {timeout} ))
 while kill -0 $pid 2>/dev/null && ! grep -Eq 'slurmdbd version \\S+ started' dbd.out \\
-    && [ $(date +%s) -lt $deadline ]; do sleep 0.2; done
+    && [ $(date +%s) -lt $deadline ]; do sleep 0.05; done
 end=$(date +%s.%N)
 if kill -0 $pid 2>/dev/null; then rc=running; else wait $pid; rc=$?; fi
 echo "seconds=$(echo "$end - $start" | bc) rc=$rc"
