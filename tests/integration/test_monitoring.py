@@ -9,6 +9,7 @@ machine has two cores. The lab scrapes every 5 s and every alert fires after 30 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -25,7 +26,7 @@ from browser import SCREENSHOTS, chromium, screenshot
 from test_directory import as_user, sh
 
 from pyhpc import cluster, paths
-from pyhpc.monitor import prometheus
+from pyhpc.monitor import cluster_report, prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
@@ -255,8 +256,12 @@ def test_a_drained_node_fires_slurm_node_drained_with_its_reason() -> None:
         doctor = json.loads(sh(PYHPC, "doctor", "--json", check=False).stdout)
         idle = next(c for c in doctor["checks"] if c["name"] == "nodes idle")
         assert f"cpu2 (drain: {reason})" in idle["detail"], idle
-    finally:
         sh("scontrol", "update", "NodeName=cpu2", "State=RESUME")
+        until("SlurmNodeDrained resolved for cpu2", lambda: not [
+            a for a in api("alerts")["alerts"] if a["labels"]["alertname"] == "SlurmNodeDrained"
+            and a["labels"].get("node") == "cpu2"], timeout=120)
+    finally:
+        sh("scontrol", "update", "NodeName=cpu2", "State=RESUME", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +303,83 @@ def test_the_cluster_report_shows_its_figures_in_a_browser(report_page: Path) ->
             assert figure.find_element("css selector", "figcaption").text
         assert "GPU-hours held per account" in driver.page_source
         screenshot(driver, SCREENSHOTS / "monitoring-report.png")
+
+
+def scraped(promql: str, times: int) -> bool:
+    """Prometheus holds at least ``times`` samples of each series of ``promql`` in the
+    last minute, and some series."""
+    found = query(f"count_over_time({promql}[1m])")
+    return bool(found) and all(v >= times for _, v in found)
+
+
+@pytest.fixture(scope="module")
+def busy_report() -> Iterator[dict[str, Any]]:
+    """`pyhpc report --cluster --since 10m --json` as root while two of user1's jobs run
+    (one on a stand-in GPU), once Prometheus has scraped them for about 40 s (8 scrapes):
+    what it printed, with the page's text under "page"."""
+    jobs = [submit("user1", "", "sleep 100"), submit("user1", "-p gpu --gres=gpu:1", "sleep 100")]
+    try:
+        for job in jobs:
+            until(f"job {job} running, scraped 8 times", lambda job=job: scraped(
+                f'pyhpc_job_gpus{{jobid="{job}"}}', 8), timeout=150)
+        until("user1's running jobs counted 8 times", lambda: scraped(
+            'pyhpc_slurm_jobs{user="user1", state="running"}', 8))
+        out = Path("/root/ci-cluster-report-busy")
+        sh("rm", "-rf", str(out))
+        proc = as_user("root", f"{PYHPC} report --cluster --since 10m --json "
+                               f"--html {shlex.quote(str(out))}")
+        data: dict[str, Any] = json.loads(proc.stdout)
+        data["page"] = (out / "index.html").read_text()
+        yield data
+    finally:
+        sh("scancel", *jobs)
+
+
+def test_the_busy_cluster_report_draws_running_jobs_as_a_line(
+        busy_report: dict[str, Any]) -> None:
+    """The jobs chart's series (--json prints what it plotted): running at two points in
+    a row at least, a line and not a lone dot."""
+    step = busy_report["window"]["step"]
+    running = busy_report["jobs"]["running"]
+    assert any(b[0] - a[0] == step and a[1] >= 1 and b[1] >= 1
+               for a, b in itertools.pairwise(running)), running
+
+
+def test_no_chart_of_the_busy_report_is_empty_and_each_time_axis_reads_clock_times(
+        busy_report: dict[str, Any]) -> None:
+    """The report's figures, drawn again here from the same window's answers (the jobs
+    series as the report printed them, but for the last point, which a scrape ingested
+    after the report asked may still change): every panel has data, every axis HH:MM."""
+    win = cluster_report.Window(**busy_report["window"])
+    answers = cluster_report.ask(PROMETHEUS, win)
+
+    def before_end(series: dict[str, list[list[float]]]) -> dict[str, list[list[float]]]:
+        return {state: [p for p in points if p[0] < win.end] for state, points in series.items()}
+
+    jobs = {s[0]["state"]: [list(p) for p in s[1]]
+            for s in cluster_report.counts(answers["jobs"], answers["jobs_ok"])}
+    assert before_end(jobs) == before_end(busy_report["jobs"])
+    hours = cluster_report.gpu_hours(answers["gpus_by_account"], win.step)
+    figures = [cluster_report.utilization_figure(answers, win),
+               cluster_report.jobs_figure(answers, win), cluster_report.gpu_hours_figure(hours),
+               cluster_report.least_figure(cluster_report.job_use(answers, win.step))]
+    for fig in figures:
+        fig.canvas.draw()
+        for ax in fig.axes:
+            texts = [t.get_text() for t in ax.texts]
+            assert not any("in this window" in t for t in texts), (ax.get_title(), texts)
+    for fig in figures[:2]:
+        for ax in fig.axes:
+            labels = [t.get_text() for t in ax.get_xticklabels()]
+            assert ax.get_xlabel() == "time (UTC)"
+            assert labels and all(re.fullmatch(r"\d\d:\d\d", t) for t in labels), labels
+
+
+def test_the_busy_reports_gpu_hours_agree_between_its_table_and_json(
+        busy_report: dict[str, Any]) -> None:
+    hours = busy_report["gpu_hours"]
+    assert hours.get("lab", 0) > 0, hours
+    for account, value in hours.items():
+        assert value == cluster_report.rounded(value)
+        assert f"<tr><td>{account}</td><td>{cluster_report.shown(value)}</td></tr>" \
+            in busy_report["page"]
