@@ -188,3 +188,26 @@ def test_a_missing_keyring_stops_in_one_line(tmp_path: Path) -> None:
     assert code == 2 and ran["Stop on a Grafana keyring missing from the control node"]["msg"] == (
         f"monitoring.grafana.apt_key: {tmp_path / 'grafana.gpg'} is not a file on the control "
         "node (the keyring copied to the apt line's signed-by path)")
+
+
+def test_the_repositorys_keyring_goes_to_its_lines_signed_by_path() -> None:
+    line = ("deb [arch=amd64 signed-by=/etc/apt/keyrings/grafana.gpg] https://apt.grafana.com "
+            "stable main")
+    repo = grafana_lab(apt_repo=line, apt_key="/srv/keys/grafana.gpg")
+    assert repo["localhost"].get("monitoring_grafana_keyring") == "/etc/apt/keyrings/grafana.gpg"
+    assert grafana_lab()["localhost"].get("monitoring_grafana_keyring") == ""
+
+
+def test_grafana_gets_the_password_of_its_own_web_user() -> None:
+    """grafana.yml's pick from tls.yml's read of the secrets (one result per file)."""
+    names = grafana_lab()["localhost"].get("monitoring_web_users | map(attribute='name') | list")
+    files = ["monitoring-ca.crt", "monitoring.crt", "monitoring.key",
+             *[f"prometheus-{n}.password" for n in names]]
+    read = {"results": [{"item": f, "content": f"{f}\n".encode().hex()} for f in files]}
+    lab = Roles(LAB_GROUPS, definition("lab", grafana={"deb": DEB}), {"localhost": "192.0.2.7"},
+                sysv=True, monitoring_server_files=read)
+    task = yaml.safe_load((ROLE / "tasks" / "grafana.yml").read_text())
+    content = next(t for t in task if t["name"].startswith("Give Grafana"))[
+        "pyhpc.deploy.copy"]["content"]
+    expr = content.strip().removeprefix("{{").removesuffix("}}").replace("| b64decode", "")
+    assert bytes.fromhex(lab["localhost"].get(expr).strip()) == b"prometheus-grafana.password\n"
