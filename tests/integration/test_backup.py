@@ -32,21 +32,32 @@ ROOT = Path(SECTION.path)
 CRON = Path("/etc/cron.d/pyhpc-backup")
 
 
-def backup(*args: str, env: dict[str, str] | None = None,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PYHPC, "admin", "backup", *args], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, **(env or {})})
+def cli(*args: str, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`pyhpc ARGS` as root here, with `env` added; fails the test where it fails and `check`."""
+    proc = subprocess.run([PYHPC, *args], capture_output=True, text=True, timeout=300,
+                          check=False, env={**os.environ, **(env or {})})
     if check and proc.returncode != 0:
-        pytest.fail(f"pyhpc admin backup {' '.join(args)} exited {proc.returncode}:\n"
-                    f"{proc.stdout}\n{proc.stderr}")
+        pytest.fail(f"pyhpc {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n"
+                    f"{proc.stderr}")
     return proc
 
 
-def one_line_refusal(proc: subprocess.CompletedProcess[str]) -> str:
+def backup(*args: str, env: dict[str, str] | None = None,
+           check: bool = True) -> subprocess.CompletedProcess[str]:
+    return cli("admin", "backup", *args, env=env, check=check)
+
+
+def refusal(proc: subprocess.CompletedProcess[str], start: str = "pyhpc: error: ") -> str:
+    """The one line of a refusal (exit 2, nothing on stdout), which begins with `start`."""
     assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pyhpc: error: backup: "), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(start), proc.stderr
     return lines[0]
+
+
+def one_line_refusal(proc: subprocess.CompletedProcess[str]) -> str:
+    return refusal(proc, "pyhpc: error: backup: ")
 
 
 def recorded(job: str, wait_s: float = 120) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_directory import LAB, PYHPC, as_user, sh
+from test_backup import cli, refusal
+from test_directory import LAB, as_user, sh
 
 from pyhpc import paths
 from pyhpc.admin import backup, backup_store, directory, directory_sync, restore
@@ -56,22 +57,6 @@ def slapcat() -> str:
 
 def dns(text: str) -> list[str]:
     return [e["dn"][0] for e in directory.parse_ldif(text)]
-
-
-def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([PYHPC, *args], capture_output=True, text=True, timeout=300,
-                          check=False, env={**os.environ, **env})
-    if check and proc.returncode != 0:
-        pytest.fail(f"pyhpc {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n"
-                    f"{proc.stderr}")
-    return proc
-
-
-def refused(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pyhpc: error: "), proc.stderr
-    return lines[0]
 
 
 def answers() -> bool:
@@ -139,10 +124,10 @@ def taken(lab: dict[str, Any]) -> dict[str, Any]:
     return done
 
 
-def test_restore_onto_a_directory_that_holds_users_is_refused(lab: dict[str, Any],
+def test_restore_onto_a_directory_that_holds_users_is_refusal(lab: dict[str, Any],
                                                               taken: dict[str, Any]) -> None:
     before = slapcat()
-    line = refused(cli("admin", "restore", "--only", "directory", env=lab["env"], check=False))
+    line = refusal(cli("admin", "restore", "--only", "directory", env=lab["env"], check=False))
     base = D.base_dn
     assert line == (f"pyhpc: error: restore: the directory {base} already holds 3 entries a "
                     f"deploy does not make (cn={GROUP},ou=groups,{base}, uid={KEPT},ou=people,"
@@ -193,7 +178,7 @@ def test_a_corrupt_or_truncated_backup_is_refused_and_slapd_keeps_its_data(
     cut = copy_of(taken, 400)
     ldif = cut / rd.PART
     ldif.write_bytes(ldif.read_bytes()[:-200])
-    line = refused(cli("admin", "restore", "--only", "directory", cut.name, env=lab["env"],
+    line = refusal(cli("admin", "restore", "--only", "directory", cut.name, env=lab["env"],
                        check=False))
     assert line == (f"pyhpc: error: backup: {cut.name}: {rd.PART} does not match its "
                     "checksum (corrupt or truncated)")
@@ -203,7 +188,7 @@ def test_a_corrupt_or_truncated_backup_is_refused_and_slapd_keeps_its_data(
         fh.write(lab["found"].split("\n\n", 1)[0] + f"\n\ndn: ou=people,{D.base_dn}\nou: pe\n\n")
     (bad / backup_store.MANIFEST).write_text(backup_store.manifest_text(
         bad, sorted(p.name for p in bad.iterdir() if p.name != backup_store.MANIFEST)))
-    line = refused(cli("admin", "restore", "--only", "directory", bad.name, env=lab["env"],
+    line = refusal(cli("admin", "restore", "--only", "directory", bad.name, env=lab["env"],
                        check=False))
     assert line.startswith(f"pyhpc: error: backup: slapadd refused {rd.PART}: "), line
     assert slapcat() == before and answers()
