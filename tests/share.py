@@ -45,3 +45,10 @@ def machine(alone: bool, gate_path: Path = GATE, share_path: Path = SHARE) -> It
 class Unavailable(Exception):
     """A module's fixture could not set up what its tests need, in one line (hostlab's own
     error). The first test it fails errors with the line; every later one skips on it."""
+
+
+#: Prometheus' own checker, for the tests that run rules and configurations through it. It
+#: comes with Debian's prometheus package, which the lab's deploy installs: `make test`
+#: deploys before its unit tests, so there they run; a bare `make unit` skips them.
+PROMTOOL_SKIP = ("promtool is not installed: it comes with Debian's prometheus package, "
+                 "which the lab's deploy installs (make test deploys first)")

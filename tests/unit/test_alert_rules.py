@@ -20,6 +20,7 @@ from test_slurm_exporter import NODES, SDIAG, queue_text
 from pyhpc import paths
 from pyhpc.admin import backup
 from pyhpc.monitor import gpus, job_exporter, serve, slurm_exporter
+from tests.share import PROMTOOL_SKIP
 
 TEMPLATE = Path("ansible/roles/monitoring/templates/etc/prometheus/pyhpc-rules.yml.j2")
 NODE_EXPORTER = {"node_filesystem_avail_bytes", "node_filesystem_size_bytes"}
@@ -121,7 +122,7 @@ def test_an_unset_mountpoint_list_fails_the_render() -> None:
                                                monitoring_alert_extra_mountpoints=[])
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+@pytest.mark.skipif(shutil.which("promtool") is None, reason=PROMTOOL_SKIP)
 def test_promtool_accepts_the_rules(tmp_path) -> None:
     path = tmp_path / "pyhpc-rules.yml"
     path.write_text(render(["/", "/home"]))
@@ -148,7 +149,7 @@ def input_series(text: str, job: str) -> list[dict[str, str]]:
     return out
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+@pytest.mark.skipif(shutil.which("promtool") is None, reason=PROMTOOL_SKIP)
 def test_promtool_fires_the_gpu_alerts_on_the_exporters_own_series(tmp_path, fake_slurm) -> None:
     """The lab's stand-ins have no NVML figures, so JobGpusIdle cannot fire there: here
     alice's job 41 holds GPUs 1 and 2 at 3% and 5% (NVML faked, the job exporter's real

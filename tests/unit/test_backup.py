@@ -24,6 +24,7 @@ from test_alert_rules import render
 from pyhpc import cluster, paths
 from pyhpc.admin import backup, backup_store
 from pyhpc.cluster import ConfigError
+from tests.share import PROMTOOL_SKIP
 
 LAB = yaml.safe_load(paths.LAB_CLUSTER.read_text())
 HOSTS = yaml.safe_load((paths.ROOT / "ansible/inventories/hostlab/cluster.yml").read_text())
@@ -252,7 +253,7 @@ def test_the_alert_fires_past_twice_the_interval_counting_from_the_deploy_until_
         tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed here (Debian: prometheus)")
+        pytest.skip(PROMTOOL_SKIP)
     (tmp_path / "rules.yml").write_text(render(["/"]))
     (tmp_path / "test.yml").write_text(PROMTOOL_TEST)
     proc = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path,

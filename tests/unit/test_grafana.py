@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ import pytest
 import yaml
 from roleplay import extra, results, run_playbook
 from test_monitoring_role import ROLE, Roles, definition
+
+from tests.share import PROMTOOL_SKIP
 
 DASHBOARDS = sorted((ROLE / "files" / "grafana").glob("*.json"))
 LAB_GROUPS = {g: ["localhost"] for g in ("controller", "login", "compute")}
@@ -75,6 +78,7 @@ def test_every_panel_has_queries_on_the_provisioned_datasource(path: Path) -> No
         assert variable["datasource"]["uid"] == uid, variable["name"]
 
 
+@pytest.mark.skipif(shutil.which("promtool") is None, reason=PROMTOOL_SKIP)
 def test_every_query_is_promql_that_promtool_accepts(tmp_path: Path) -> None:
     """Each expression, its variables replaced as Grafana does, as a recording rule."""
     values = {"cluster": "lab", "jobid": "1", "user": "user1", "__rate_interval": "1m",

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from pyhpc import cluster, paths
+from tests.share import PROMTOOL_SKIP
 
 ROLE = paths.ROOT / "ansible" / "roles" / "monitoring"
 INVENTORIES = paths.ROOT / "ansible" / "inventories"
@@ -255,8 +256,7 @@ def test_the_labs_alerts_fire_after_its_definitions_wait(lab: Roles) -> None:
     assert 'mountpoint=~"/|/home|/tmp|/var|/var/lib/slurm|/var/lib/slurm/slurmd|' in full["expr"]
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed "
-                    "(Debian's prometheus package has it; the deploy validates with it)")
+@pytest.mark.skipif(shutil.which("promtool") is None, reason=PROMTOOL_SKIP)
 @pytest.mark.parametrize("where", ["lab", "hostlab"])
 def test_promtool_accepts_the_configuration(where: str, tmp_path: Path,
                                             request: pytest.FixtureRequest) -> None:
