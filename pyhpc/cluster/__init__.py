@@ -120,7 +120,11 @@ BOUNDS: dict[str, tuple[int, int]] = {
 #: restarts and answer the servers' token checks, or learn the proxy's token.
 HUB_API_PORT = 881
 PROXY_API_PORT = 801
+#: The hub's "my jobs" page (pyhpc.monitor.my_jobs_page), a service the hub starts: privileged
+#: for the same reason.
+MY_JOBS_PORT = 882
 HUB_OWN_PORTS = {HUB_API_PORT: "the hub's API", PROXY_API_PORT: "the proxy's API",
+                 MY_JOBS_PORT: "the hub's my-jobs page",
                  6817: "slurmctld", 6818: "slurmd", 6819: "slurmdbd"}
 MAX_PORT = 65535
 #: mode lab: all nodes' declared memory together is at most this many times this machine's

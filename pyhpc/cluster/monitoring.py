@@ -108,6 +108,13 @@ def duration(where: str, value: Any) -> str:
     return str(value)
 
 
+def seconds(where: str, value: Any) -> int:
+    """A duration :func:`duration` allows, in seconds."""
+    match = DURATION.fullmatch(duration(where, value))
+    assert match is not None  # duration() matched it
+    return int(match.group(1)) * UNIT_S[match.group(2)]
+
+
 def listen(value: Any, mode: str, enabled: bool = True) -> str:
     """The listen policy: ``loopback`` in the lab, the cluster network on hosts."""
     where = "monitoring.listen"

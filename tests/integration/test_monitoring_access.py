@@ -103,6 +103,8 @@ def test_the_keys_and_passwords_are_no_users() -> None:
     assert modes["prometheus.key"] == ["640", "root", "prometheus"]
     assert modes["exporter.key"] == ["640", "root", "slurm"]
     assert modes["record.password"] == ["640", "root", "slurm"]
+    # The hub's my-jobs page (tests/integration/test_my_jobs.py): the hub's user alone.
+    assert modes["hub.password"] == modes["hub.json"] == ["640", "root", "pyhpc-hub"]
     assert modes["ca.crt"] == ["644", "root", "root"]
 
 

@@ -124,8 +124,10 @@ def test_grafana_listens_on_the_cluster_address_only_and_phones_nowhere() -> Non
 def test_a_prometheus_user_for_grafana_only_where_the_definition_asks() -> None:
     off = Roles(LAB_GROUPS, definition("lab"), {"localhost": "192.0.2.7"}, sysv=True)
     names = "monitoring_web_users | map(attribute='name') | list"
-    assert off["localhost"].get(names) == ["admin", "prometheus", "record"]
-    assert grafana_lab()["localhost"].get(names) == ["admin", "prometheus", "record", "grafana"]
+    # (the lab runs a hub: its my-jobs page's user, tests/unit/test_my_jobs.py)
+    assert off["localhost"].get(names) == ["admin", "prometheus", "record", "hub"]
+    assert grafana_lab()["localhost"].get(names) == ["admin", "prometheus", "record", "grafana",
+                                                     "hub"]
 
 
 def test_the_dashboards_provider_reads_the_copied_files_only() -> None:

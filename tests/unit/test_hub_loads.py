@@ -53,9 +53,15 @@ def test_the_config_loads_with_pyhpcs_classes_and_no_allow_all(hub) -> None:
     assert cfg.JupyterHub.bind_url == "https://127.0.0.1:8000/"
     assert cfg.Authenticator.allow_all is False and cfg.Authenticator.admin_users == set()
     assert cfg.ConfigurableHTTPProxy.auth_token == "ab" * 32
-    assert [s["name"] for s in cfg.JupyterHub.services] == ["idle-culler", "pyhpc-workshop"]
-    culler = cfg.JupyterHub.services[0]["command"]
+    services = cfg.JupyterHub.services
+    assert [s["name"] for s in services] == ["idle-culler", "pyhpc-workshop", "my-jobs"]
+    culler = services[0]["command"]
     assert culler[1:3] == ["-m", "jupyterhub_idle_culler"] and "--timeout=3600" in culler
+    # The my-jobs page: every user may open it (the user role), no service gets more.
+    page = services[2]["command"]
+    assert page[1:4] == ["-P", "-m", "pyhpc.monitor.my_jobs_page"] and "--scrape-interval=5s" in page
+    assert {"name": "user", "scopes": ["self", "access:services!service=my-jobs"]} \
+        in cfg.JupyterHub.load_roles
     authenticator = PyhpcAuthenticator(config=cfg)
     assert authenticator.service == "pyhpc-hub" and authenticator.open_sessions is False
     assert authenticator.local_users == ["root"]

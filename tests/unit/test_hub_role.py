@@ -118,8 +118,11 @@ def test_the_role_and_pyhpc_agree_on_paths_and_ports() -> None:
     assert (ctx["jupyterhub_api_port"], ctx["jupyterhub_proxy_api_port"]) == (hub, proxy)
     assert f'"http://127.0.0.1:{hub}"' in config and api.LOCAL_API.startswith(f"http://127.0.0.1:{hub}/")
     assert set(cluster.HUB_OWN_PORTS) >= {hub, proxy} and f'"http://127.0.0.1:{proxy}"' in config
+    page = cluster.MY_JOBS_PORT
+    assert ctx["jupyterhub_my_jobs_port"] == page and f'"url": "http://127.0.0.1:{page}"' in config
+    assert page in cluster.HUB_OWN_PORTS
     # Privileged: no user but the hub (CAP_NET_BIND_SERVICE) can bind them while it restarts.
-    assert hub < 1024 and proxy < 1024
+    assert hub < 1024 and proxy < 1024 and page < 1024
     script = render("lab", "init")
     assert "--ambient-caps=-all,+net_bind_service" in script and "--chuid pyhpc-hub" not in script
 

@@ -79,15 +79,23 @@ c.Spawner.http_timeout = 120
 
 # Services: the idle culler stops a server idle for 60 minutes; pyhpc-workshop
 # is `pyhpc workshop delete` (root, with the token in /var/lib/pyhpc-hub), which
-# may only delete users.
+# may only delete users. my-jobs is each user's own jobs from Prometheus
+# (pyhpc.monitor.my_jobs_page), at its own origin behind the hub's login, on the loopback and
+# a privileged port (the hub's capability, which it inherits): every user may open it, and
+# it shows each only their own.
 c.JupyterHub.services = [
     {"name": "idle-culler",
      "command": [sys.executable, "-m", "jupyterhub_idle_culler",
                  "--timeout=3600", "--cull-every=300"]},
     {"name": "pyhpc-workshop", "api_token": secret("workshop-token")},
+    {"name": "my-jobs", "display": True, "oauth_no_confirm": True,
+     "url": "http://127.0.0.1:882",
+     "command": [sys.executable, "-P", "-m", "pyhpc.monitor.my_jobs_page",
+                 "--scrape-interval=5s"]},
 ]
 c.JupyterHub.load_roles = [
     {"name": "idle-culler", "services": ["idle-culler"],
      "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
     {"name": "pyhpc-workshop", "services": ["pyhpc-workshop"], "scopes": ["delete:users"]},
+    {"name": "user", "scopes": ["self", "access:services!service=my-jobs"]},
 ]
