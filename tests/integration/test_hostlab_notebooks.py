@@ -9,7 +9,8 @@ the cluster network; a participant's server runs on a compute host, in their wor
 reservation, listening on that host's own address, never on every interface, and the hub
 on another host reaches it; notebook 1 runs from there; a wrong password is refused; a
 second participant gets 403 at the first's server; a directory user without a Slurm
-association cannot log in. (The sudo rule and the culler are the same files and code on
+association cannot log in; the my-jobs page shows the first their server's job, and the
+second nothing. (The sudo rule and the culler are the same files and code on
 both, and the culler's test redeploys with a one-minute timeout: test_hub.py's, on the lab.)
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from browser import chromium
 from test_hostlab import COMPUTE, SKIP, address, on, run_on
 from test_hostlab_life import converge
 from test_hub import login, run_notebook_1, spawn, wait_for
+from test_my_jobs import SHOWN_S, shown_jobs
 
 from pyhpc import cluster
 
@@ -139,6 +141,28 @@ def test_a_second_participant_gets_403_at_the_first_ones_server_on_hosts(
         where = urlsplit(hub["url"])
         driver.get(f"https://{first}.{where.hostname}:{where.port}/user/{first}/lab")
         wait_for("the refusal", lambda: "403" in driver.page_source, 60)
+
+
+def test_the_my_jobs_page_shows_a_participant_their_server_and_the_other_nothing_on_hosts(
+        hub: dict[str, Any], participants: list[dict[str, str]]) -> None:
+    """The hub on login, Prometheus on ctl, the job exporter on the server's compute host:
+    the page's password and hub.json came from ctl (the monitoring role's copy)."""
+    first, second = participants
+    jobs = on("login", "squeue", "-h", "-u", first["user"], "-n", "pyhpc-hub", "-o", "%i").split()
+    assert len(jobs) == 1, "the first participant's server is not running (test order)"
+    where = urlsplit(hub["url"])
+    page = f"https://my-jobs--service.{where.hostname}:{where.port}/services/my-jobs/"
+    for who, shown in ((first, True), (second, False)):
+        with chromium(insecure_tls=True, resolve=hub["resolve"]) as driver:
+            login(driver, who["user"], who["password"], hub["url"])
+            driver.get(page)
+            # (an earlier run's participants of the same names may have jobs of the last day)
+            if shown:
+                wait_for(f"{who['user']}'s server job on the page",
+                         lambda d=driver: jobs[0] in shown_jobs(d) or d.refresh(), SHOWN_S, every=10)
+            else:
+                wait_for("the page", lambda d=driver: 'id="updated"' in d.page_source, 60)
+                assert jobs[0] not in shown_jobs(driver)
 
 
 def test_a_directory_user_without_an_association_cannot_log_in_on_hosts(hub: dict[str, Any]) -> None:
