@@ -60,16 +60,23 @@ def server_url(user: str) -> str:
     return f"https://{user}.{api.hostname(LAB)}:{LAB.jupyterhub.port}/user/{user}/"
 
 
+def new_workshop(tmp_path_factory: pytest.TempPathFactory, name: str, hours: int,
+                 nodes: int) -> list[dict[str, str]]:
+    """The sheet's rows of a new workshop of two participants, starting now (an earlier
+    run's of that name deleted first)."""
+    workshop("delete", name, "--homes", check=False)
+    out = tmp_path_factory.mktemp("sheet") / name
+    workshop("create", name, "--participants", "2", "--start", "now", "--hours", str(hours),
+             "--nodes", str(nodes), "--out", str(out))
+    with open(out / f"{name}.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
 @pytest.fixture(scope="module")
 def participants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, str]]]:
     """Two rows of a new workshop's sheet (2 nodes reserved, so a server and the notebook's
     jobs fit); the workshop is deleted afterwards, which stops their servers."""
-    workshop("delete", WORKSHOP, "--homes", check=False)
-    out = tmp_path_factory.mktemp("sheet") / WORKSHOP
-    workshop("create", WORKSHOP, "--participants", "2", "--start", "now", "--hours", "2",
-             "--nodes", "2", "--out", str(out))
-    with open(out / f"{WORKSHOP}.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = new_workshop(tmp_path_factory, WORKSHOP, 2, 2)
     assert all(r["notebooks"] == url() for r in rows)
     yield rows
     done = json.loads(workshop("delete", WORKSHOP, "--homes", "--json", check=False).stdout or "{}")

@@ -20,7 +20,6 @@ as the hub's other tests have): the lab's user1 and user2 have no password a tes
 from __future__ import annotations
 
 import base64
-import csv
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from urllib.parse import urlparse
 import pytest
 from browser import chromium
 from test_directory import as_user, workshop
-from test_hub import SPAWN_S, login, server_jobs, spawn, url, wait_for
+from test_hub import SPAWN_S, login, new_workshop, server_jobs, spawn, url, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
@@ -130,12 +129,7 @@ server.serve_forever()
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
     """(victim, attacker): two participants of a workshop of 2 nodes (a server each); the
     workshop is deleted afterwards, which stops their servers."""
-    workshop("delete", WORKSHOP, "--homes", check=False)
-    out = tmp_path_factory.mktemp("sheet") / WORKSHOP
-    workshop("create", WORKSHOP, "--participants", "2", "--start", "now", "--hours", "2",
-             "--nodes", "2", "--out", str(out))
-    with open(out / f"{WORKSHOP}.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = new_workshop(tmp_path_factory, WORKSHOP, 2, 2)
     yield rows[0], rows[1]
     workshop("delete", WORKSHOP, "--homes", check=False)
 

@@ -8,7 +8,6 @@ has not logged in is sent to the hub's login. The screenshot goes to build/scree
 """
 from __future__ import annotations
 
-import csv
 import json
 import secrets
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 from browser import SCREENSHOTS, chromium, screenshot
 from test_directory import as_user, workshop
-from test_hub import LAB, login, url, wait_for
+from test_hub import LAB, login, new_workshop, url, wait_for
 
 from pyhpc.hub import api
 
@@ -43,12 +42,7 @@ def page_url() -> str:
 def busy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, str]]]:
     """Two participants of a new workshop, each with a running job of their own (its id in
     the row's ``job``); the workshop is deleted afterwards, which cancels the jobs."""
-    workshop("delete", WORKSHOP, "--homes", check=False)
-    out = tmp_path_factory.mktemp("sheet") / WORKSHOP
-    workshop("create", WORKSHOP, "--participants", "2", "--start", "now", "--hours", "1",
-             "--nodes", "1", "--out", str(out))
-    with open(out / f"{WORKSHOP}.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = new_workshop(tmp_path_factory, WORKSHOP, 1, 1)
     for row in rows:
         row["job"] = as_user(row["user"], (
             f"sbatch --parsable --reservation={row['reservation']} --ntasks=1 --time=6 "
