@@ -217,6 +217,8 @@ class Doctor:
         hub = self.cluster.jupyterhub
         if hub is not None and hub.enabled:
             results.append(self.hub())
+            if self.cluster.monitoring.enabled:
+                results.append(Check("my-jobs page", *hub_api.my_jobs_health(self.cluster)))
         return results
 
     def runaway(self) -> Check:

@@ -26,6 +26,9 @@ CA_FILE = Path("/etc/pyhpc/hub/ca.crt")
 #: The hub's REST API on the login host itself (the role binds it there, a privileged port).
 LOCAL_API = f"http://127.0.0.1:{HUB_API_PORT}/hub/api"
 TIMEOUT_S = 10.0
+#: The hub's "my jobs" page (pyhpc.monitor.my_jobs_page): its service's name, and the
+#: header its script reads, which the script (served without a login) names.
+MY_JOBS, MY_JOBS_PART = "my-jobs", "X-My-Jobs-Part"
 #: A user whose server is still stopping cannot be deleted yet: tries, seconds apart.
 TRIES, PAUSE_S = 10, 2.0
 
@@ -90,6 +93,29 @@ def health(cluster: Cluster) -> tuple[bool, str]:
     if status != 200 or version is None:
         return False, f"{where}: HTTP {status}, not JupyterHub's API"
     return True, f"{url(cluster)}: JupyterHub {version}"
+
+
+def my_jobs_url(cluster: Cluster) -> str:
+    """The page at its own origin, ``my-jobs--service.<hub's name>`` (JupyterHub's name for
+    a service's subdomain)."""
+    return (f"https://{MY_JOBS}--service.{hostname(cluster)}:{settings(cluster).port}"
+            f"/services/{MY_JOBS}/")
+
+
+def my_jobs_health(cluster: Cluster) -> tuple[bool, str]:
+    """The page's script through the proxy, over verified TLS: asked of the hub's own name
+    with the page's Host (the proxy routes by it), since a service's name may resolve in
+    browsers only (``*.localhost``)."""
+    page = my_jobs_url(cluster)
+    where = url(cluster) + f"services/{MY_JOBS}/refresh.js"
+    request = urllib.request.Request(where, headers={"Host": page.split("/")[2]})
+    try:
+        status, body = OPEN(request, TIMEOUT_S, ca_file(cluster))
+    except (OSError, ssl.SSLError) as exc:
+        return False, f"{page}: {getattr(exc, 'reason', exc)}"
+    if status != 200 or MY_JOBS_PART.encode() not in body:
+        return False, f"{page}: HTTP {status}, not the my-jobs page (the hub starts it)"
+    return True, page
 
 
 def _token() -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import jinja2
 import markupsafe
 
+from pyhpc.hub.api import MY_JOBS_PART
 from pyhpc.monitor.my_jobs import Chart, Overview
 
 #: Each chart's size and margins, in CSS pixels.
@@ -34,7 +35,7 @@ REFRESH_JS = """\
     try {
       const answer = await fetch("part", {credentials: "same-origin", cache: "no-store",
                                           headers: {"X-XSRFToken": main.dataset.xsrf}});
-      if (answer.ok && answer.headers.get("X-My-Jobs-Part") === "1") {
+      if (answer.ok && answer.headers.get("@PART@") === "1") {
         main.innerHTML = await answer.text();
       } else if (answer.redirected || answer.status === 403) {
         window.location.reload();
@@ -46,7 +47,7 @@ REFRESH_JS = """\
   }
   window.setTimeout(refresh, every);
 })();
-"""
+""".replace("@PART@", MY_JOBS_PART)
 
 PART = """\
 <p class="updated">{{ user }} · updated <time id="updated">{{ clock(at, True) }}</time> UTC

@@ -29,12 +29,12 @@ from pyhpc import validate
 from pyhpc.cluster import MY_JOBS_PORT
 from pyhpc.cluster.monitoring import seconds
 from pyhpc.errors import PyhpcError
+from pyhpc.hub.api import MY_JOBS, MY_JOBS_PART
 from pyhpc.monitor import my_jobs, my_jobs_html, prometheus
 
 #: Where Prometheus is and how this service signs in (url, user, password_file, ca):
 #: written by the monitoring role on the hub's host, the hub's user's to read.
 CONFIG = Path("/etc/pyhpc/monitoring/hub.json")
-NAME = "my-jobs"
 #: What a browser may do with the page: its own script, its own fetches, inline styles.
 CSP = ("default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; "
        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -115,7 +115,7 @@ def application(page: Page, prefix: str) -> Any:
         @web.authenticated
         async def get(self) -> None:
             part, _ = await asyncio.to_thread(page.part, self.user())
-            self.set_header("X-My-Jobs-Part", "1")
+            self.set_header(MY_JOBS_PART, "1")
             self.write(part)
 
     class Data(Handler):
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tornado.ioloop import IOLoop
 
-    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{NAME}/")
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{MY_JOBS}/")
     application(page, prefix).listen(MY_JOBS_PORT, address="127.0.0.1")
     IOLoop.current().start()
     return 0

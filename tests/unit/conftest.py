@@ -158,6 +158,8 @@ class FakeHub:
                            request.get_header("Authorization"), ca_file))
         if not self.up:
             raise OSError("Connection refused")
+        if request.get_method() == "GET" and request.full_url.endswith("/refresh.js"):
+            return 200, f'headers.get("{hub_api.MY_JOBS_PART}")'.encode()
         if request.get_method() == "GET":
             return 200, b'{"version": "5.5.4"}'
         name = request.full_url.rsplit("/", 1)[1]

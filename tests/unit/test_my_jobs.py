@@ -14,6 +14,7 @@ from test_monitoring_role import ROLE, Roles
 
 from pyhpc import cluster, paths
 from pyhpc.errors import PyhpcError
+from pyhpc.hub import api as hub_api
 from pyhpc.monitor import my_jobs, my_jobs_html, my_jobs_page, prometheus
 
 T0 = 1_764_000_000.0  # a Tuesday, 16:00 UTC
@@ -137,3 +138,23 @@ def test_the_monitoring_role_gives_the_hubs_own_user_and_host() -> None:
     assert monitoring["monitoring_hub_host"] == hub["jupyterhub_host"]
     task = (ROLE / "tasks" / "hub.yml").read_text()
     assert all(f"'{key}'" in task for key in ("url", "user", "password_file", "ca"))
+
+
+def test_the_doctor_asks_the_hubs_name_for_the_pages_script_with_its_host(
+        fake_hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    lab = cluster.load(paths.LAB_CLUSTER)
+    seen = []
+
+    def answer(request, timeout_s, ca_file):
+        seen.append((request.full_url, request.get_header("Host")))
+        return fake_hub(request, timeout_s, ca_file)
+
+    monkeypatch.setattr(hub_api, "OPEN", answer)
+    page = "https://my-jobs--service.localhost:8000/services/my-jobs/"
+    assert hub_api.my_jobs_health(lab) == (True, page)
+    assert seen == [("https://localhost:8000/services/my-jobs/refresh.js",
+                     "my-jobs--service.localhost:8000")]
+    monkeypatch.setattr(hub_api, "OPEN", lambda request, timeout_s, ca_file: (404, b"no route"))
+    assert hub_api.my_jobs_health(lab) == (
+        False, f"{page}: HTTP 404, not the my-jobs page (the hub starts it)")
+    assert my_jobs_html.REFRESH_JS.count(hub_api.MY_JOBS_PART) == 1
