@@ -179,14 +179,16 @@ class SlurmCollector:
         """slurmdbd's answer to one sacct call: whether it answered, and the runaways."""
         try:
             proc = slurm.running_in_accounting()
-        except slurm.SlurmError:  # sacct missing or timed out: slurmdbd's state unknown
+            up = proc.returncode == 0
+        except slurm.NoAnswer:  # sacct asks slurmdbd itself: a hung or cut-off slurmdbd
+            proc, up = None, False
+        except slurm.SlurmError:  # sacct missing: slurmdbd's state unknown
             ok.add_metric(["sacct"], 0)
             return
-        up = proc.returncode == 0
         ok.add_metric(["sacct"], up)
         yield GaugeMetricFamily("pyhpc_slurmdbd_up", "1 if slurmdbd answered this scrape's "
                                 "sacct query, 0 if it did not", value=up)
-        if up and queue is not None:
+        if up and proc is not None and queue is not None:
             yield GaugeMetricFamily(
                 "pyhpc_slurm_runaway_jobs", "Jobs accounting holds as running that slurmctld does "
                 "not run (sacctmgr show runawayjobs' definition)",

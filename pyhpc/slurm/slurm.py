@@ -62,6 +62,11 @@ class SlurmError(PyhpcError):
     """A Slurm command is missing, timed out or refused; the message names the command."""
 
 
+class NoAnswer(SlurmError):
+    """A Slurm command ran and got no answer within its time (its daemon hangs or is cut
+    off), as opposed to one that is missing."""
+
+
 class AmbiguousSubmit(SlurmError):
     """A submission slurmctld did not answer in time: it may have accepted the job."""
 
@@ -105,7 +110,7 @@ def run(argv: Sequence[str], stdin: str | None = None, check: bool = True,
             raise SlurmError(f"{argv[0]}: command not found; is this a login node of the "
                              "cluster (the slurm-client package)?", argv[0]) from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{argv[0]}: no answer within {timeout_s:.0f} s", argv[0]) from None
+            raise NoAnswer(f"{argv[0]}: no answer within {timeout_s:.0f} s", argv[0]) from None
         if proc.returncode == 0 or not any(t in proc.stderr for t in TRANSIENT):
             break
         if submits and any(t in proc.stderr for t in AMBIGUOUS):

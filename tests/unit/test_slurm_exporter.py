@@ -2,6 +2,7 @@
 and every figure read from their answers (Slurm faked through pyhpc.slurm's RUNNER)."""
 from __future__ import annotations
 
+import subprocess
 from collections import Counter
 
 import pytest
@@ -184,6 +185,25 @@ def test_slurmdbd_down_is_a_zero_and_no_runaway_figure(cluster) -> None:
     text = scrape()
     assert value(text, "pyhpc_slurmdbd_up") == 0
     assert "pyhpc_slurm_runaway_jobs " not in text
+    assert value(text, 'pyhpc_exporter_command_ok{command="sacct"}') == 0
+
+
+def test_slurmdbd_that_does_not_answer_in_time_is_down_and_sacct_missing_unknown(
+        cluster) -> None:
+    def hangs(argv):
+        raise subprocess.TimeoutExpired(argv, 10)
+
+    cluster.answers["sacct"] = hangs
+    text = scrape()
+    assert value(text, "pyhpc_slurmdbd_up") == 0 and "pyhpc_slurm_runaway_jobs " not in text
+    assert value(text, 'pyhpc_exporter_command_ok{command="sacct"}') == 0
+
+    def missing(argv):
+        raise FileNotFoundError(argv[0])
+
+    cluster.answers["sacct"] = missing
+    text = scrape()
+    assert "pyhpc_slurmdbd_up " not in text
     assert value(text, 'pyhpc_exporter_command_ok{command="sacct"}') == 0
 
 
