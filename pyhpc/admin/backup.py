@@ -38,6 +38,9 @@ SLAPD_CONFIG = Path("/etc/ldap/slapd.d")
 #: Copied into files.tar.gz where present (munge's key, pyhpc's secrets, Slurm's config).
 FILES = (Path("/etc/munge/munge.key"), Path("/etc/pyhpc/secrets"), Path("/etc/slurm"))
 LOCK = Path("/run/pyhpc-backup.lock")
+#: The deploy's mark that slurmdbd waits, stopped, for a restore onto its new, empty database
+#: (the slurm role's slurm_dbd_hold_file); `pyhpc admin restore` removes it.
+HOLD = Path("/var/lib/pyhpc/slurmdbd-held")
 #: node_exporter's textfile collector (Debian's default directory).
 TEXTFILE_DIR = Path("/var/lib/prometheus/node-exporter")
 METRICS_FILE = "pyhpc_backup.prom"
@@ -145,6 +148,11 @@ def _parts(cluster: Cluster) -> dict[str, Any]:
     """What this host holds: part file name -> how to write it."""
     parts: dict[str, Any] = {}
     db = conf_value(SLURMDBD_CONF, "StorageLoc") if cluster.accounting else None
+    if db and HOLD.exists():
+        # Its dump would be of a database that holds nothing, and the newest: the one a
+        # restore then picks.
+        raise BackupError(f"slurmdbd is held for a restore ({HOLD}): its database is new and "
+                          "empty; run pyhpc admin restore first")
     if db:
         parts["accounting.sql.gz"] = lambda out: dump_accounting(db, out)
     d = cluster.directory

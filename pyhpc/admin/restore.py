@@ -8,7 +8,9 @@ table with a job, a directory with an entry a deploy does not make. Then the bac
 verified (its checksums, its dump loaded into a scratch database, its directory through
 ``slapadd -u``: :func:`pyhpc.admin.backup.verify`). Accounting: slurmdbd stops, the dump
 replaces the tables, slurmdbd starts again, and slurmctld sends it the records it queued
-meanwhile. The files are restored by hand (docs/admin/backups.md).
+meanwhile. A new host's deploy holds slurmdbd stopped (:data:`pyhpc.admin.backup.HOLD`)
+until this load: then it starts and is enabled at boot. The files are restored by hand
+(docs/admin/backups.md).
 """
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ SERVICES = {"slurmdbd": {"systemd": ["systemctl", "{verb}", "slurmdbd"],
                          "sysv": ["service", "pyhpc-slurmdbd", "{verb}"]},
             "slapd": {"systemd": ["systemctl", "{verb}", "slapd"],
                       "sysv": ["service", "slapd", "{verb}"]}}
+#: slurmdbd started at boot again, once a held one is released (the deploy turned it off).
+SLURMDBD_AT_BOOT = {"systemd": ["systemctl", "enable", "slurmdbd"],
+                    "sysv": ["update-rc.d", "pyhpc-slurmdbd", "enable"]}
 
 
 def _manager() -> str:
@@ -46,7 +51,10 @@ def _manager() -> str:
 
 def service(name: str, verb: str) -> None:
     """Start or stop daemon ``name`` (:data:`SERVICES`) the way this host runs it."""
-    argv = [part.format(verb=verb) for part in SERVICES[name][_manager()]]
+    _command([part.format(verb=verb) for part in SERVICES[name][_manager()]])
+
+
+def _command(argv: list[str]) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RestoreError(f"{' '.join(argv)} failed: "
@@ -144,11 +152,23 @@ def _load_directory(cluster: Cluster, db: restore_directory.Database, folder: Pa
 
 
 def _load_accounting(cluster: Cluster, database: str, folder: Path) -> dict[str, Any]:
+    """The accounting part. A slurmdbd the deploy held (:data:`backup.HOLD`) starts only on
+    the loaded dump: on its empty database it would drop the records slurmctld queued."""
+    held = backup.HOLD.exists()
     started = time.monotonic()
     service("slurmdbd", "stop")
+    loaded = False
     try:
         backup.feed(["mysql", database], folder / FILES["accounting"], backup.DUMP_END)
+        loaded = True
+        if held:
+            # Before the start: a slurmdbd that then fails to start is the next deploy's
+            # to start, on the tables loaded here.
+            backup.HOLD.unlink()
     finally:
-        service("slurmdbd", "start")
+        if loaded or not held:
+            service("slurmdbd", "start")
+    if held:
+        _command(SLURMDBD_AT_BOOT[_manager()])
     return {"database": database, "jobs": jobs_held(cluster, database),
-            "seconds": round(time.monotonic() - started, 3)}
+            "seconds": round(time.monotonic() - started, 3), "released": held}

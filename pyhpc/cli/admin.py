@@ -117,6 +117,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
         a = done["accounting"]
         lines.append(f"accounting: {a['database']}, {a['jobs']} jobs; slurmdbd stopped for "
                      f"{a['seconds']} s")
+        if a.get("released"):
+            lines.append("accounting: slurmdbd was held for this restore: now started and "
+                         "enabled at boot; slurmctld sends it the records of the jobs that "
+                         "ended meanwhile (sdiag: DBD Agent queue size)")
     if "directory" in done:
         d = done["directory"]
         lines.append(f"directory: {d['base_dn']}, {d['entries']} entries; slapd stopped for "
