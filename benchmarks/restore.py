@@ -132,8 +132,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=int, default=5)
     parser.add_argument("--between", type=int, default=5)
-    # 0: slurmctld sends the records it queued as soon as the new slurmdbd answers, into
-    # the empty database, before the restore, which then refuses (it holds jobs).
+    # 0, as recorded: before the deploy held a new db host's slurmdbd, slurmctld sent what it
+    # queued into the empty database, which dropped it. Held now, until the restore
+    # (tests/integration/test_hostlab_pyhpc_restore.py runs jobs in the outage).
     parser.add_argument("--outage", type=int, default=0)
     args = parser.parse_args()
     figures = run(args.before, args.between, args.outage)
