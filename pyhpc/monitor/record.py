@@ -10,6 +10,10 @@ must be SlurmUser's and writable by nobody else (:func:`pyhpc.files.safe_dir`). 
 ACL entry lets the job's owner, and no other user, read their own record; where the
 filesystem has no ACLs only admins (the group) can, and users get the figures from
 Prometheus while it keeps them. Without a Prometheus nothing is recorded.
+
+The record holds the job's summary in Princeton jobstats' format too (``admin_comment``,
+:mod:`pyhpc.monitor.admin_comment`); where this Slurm can store it (23.02 and later), it
+goes into the job's AdminComment as well, where jobstats and reportseff read it.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from typing import Any
 
 from pyhpc import files, validate
 from pyhpc.errors import PyhpcError
-from pyhpc.monitor import prometheus
+from pyhpc.monitor import admin_comment, prometheus
 from pyhpc.slurm import slurm
 
 STORE = Path("/var/lib/pyhpc/jobstats")
@@ -46,6 +50,8 @@ class Record:
     end: float
     gpu: prometheus.GpuFigures | None
     host_mem_peak_bytes: int | None
+    #: The job's summary in jobstats' format (:mod:`admin_comment`); None in older records.
+    admin_comment: str | None = None
 
 
 def epoch(text: str) -> float | None:
@@ -73,8 +79,10 @@ def read(store: Path, job_id_raw: str) -> Record | None:
         gpu = prometheus.GpuFigures(float(g["util_mean"]), float(g["util_peak"]),
                                     int(g["mem_peak_bytes"]), int(g["gpus"]),
                                     int(g["used"])) if g is not None else None
+        comment = data.get("admin_comment")
         return Record(str(data["job_id_raw"]), str(data["user"]), float(data["start"]),
-                      float(data["end"]), gpu, int(peak) if peak is not None else None)
+                      float(data["end"]), gpu, int(peak) if peak is not None else None,
+                      str(comment) if comment is not None else None)
     except (KeyError, TypeError, ValueError):
         raise RecordError(f"record: {path_of(store, job_id_raw)} is not a pyhpc jobstats "
                           "record", "record") from None
@@ -97,16 +105,24 @@ def write(store: Path, rec: Record, uid: int | None) -> Path:
     return path
 
 
-def from_slurm(job_id: str, base: str) -> tuple[Record, int | None]:
+def from_slurm(job_id: str, base: str, sampling_s: int) -> tuple[Record, int | None]:
     """The job's record from slurmctld's view of it (its owner and times in columns no
     user sets, never its name or comment: :func:`pyhpc.slurm.slurm.job_owner`) and
-    Prometheus' samples."""
+    Prometheus' samples (``sampling_s``: its scrape interval)."""
     view = slurm.job_owner(validate.name("job", job_id, "job_id", RecordError))
     if view is None or not view.start or not view.end:
         raise RecordError(f"job: slurmctld has no start and end time for {job_id}", "job")
     start, end, raw = float(view.start), float(view.end), view.job_id
     return Record(raw, view.user, start, end, prometheus.gpu_figures(base, raw, start, end),
-                  prometheus.host_memory_peak(base, raw, start, end)), view.uid
+                  prometheus.host_memory_peak(base, raw, start, end),
+                  admin_comment.summary(base, raw, start, end, sampling_s)), view.uid
+
+
+def store_admin_comment(rec: Record) -> None:
+    """The summary in the job's AdminComment too, where this Slurm can store it
+    (:func:`pyhpc.slurm.slurm.stores_admin_comment`: 23.02 and later)."""
+    if rec.admin_comment is not None and slurm.stores_admin_comment():
+        slurm.set_admin_comment(rec.job_id_raw, rec.admin_comment)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="job id (default: $SLURM_JOB_ID, as EpilogSlurmctld sets it)")
     p.add_argument("--store", default=str(STORE), help=f"where records go (default {STORE})")
     p.add_argument("--prometheus", help=f"Prometheus' URL (default: ${prometheus.ENV})")
+    p.add_argument("--scrape-interval", default="15s",
+                   help="Prometheus' scrape interval (5s, 1m; default 15s): a run shorter "
+                        "than two is jobstats' Short")
     args = p.parse_args(argv)
     try:
         if not args.job:
@@ -122,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         base = prometheus.url(args.prometheus)
         if base is None:
             return 0  # nothing to record: the summary comes from accounting alone
-        rec, uid = from_slurm(args.job, base)
+        sampling_s = admin_comment.interval_seconds(args.scrape_interval)
+        rec, uid = from_slurm(args.job, base, sampling_s)
         write(Path(args.store), rec, uid)
+        store_admin_comment(rec)
     except PyhpcError as exc:
         print(f"pyhpc-jobstats-record: {exc}", file=sys.stderr, flush=True)
         return 2

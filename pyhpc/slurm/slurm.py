@@ -503,6 +503,40 @@ def running_in_accounting() -> subprocess.CompletedProcess[str]:
                 "--state=RUNNING", "--format=JobIDRaw"], check=False, timeout_s=MONITOR_TIMEOUT_S)
 
 
+#: The first Slurm whose sacctmgr keeps an AdminComment's case (CHANGELOG/slurm-23.02.md:
+#: "no longer force updates to the AdminComment ... to lower-case"); 22.05's lowercases it.
+ADMIN_COMMENT_KEEPS_CASE = (23, 2)
+#: An AdminComment pyhpc stores: letters, digits and base64's ``+/=:``, no space or quote.
+ADMIN_COMMENT = re.compile(r"[A-Za-z0-9+/=:]{1,16384}")
+
+
+def version() -> tuple[int, int] | None:
+    """The installed Slurm's (major, minor), from ``sacctmgr --version`` (no daemon asked);
+    None where it prints no version."""
+    proc = run(["sacctmgr", "--version"], check=False)
+    found = re.search(r"\b([0-9]{2})\.([0-9]{2})\.", proc.stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def stores_admin_comment() -> bool:
+    """Whether a finished job's AdminComment can be stored here: slurmctld refuses any
+    update of a finished job (``scontrol``: "Job has already finished", in
+    EpilogSlurmctld too), so only accounting can take it, and 22.05's sacctmgr
+    lowercases it (base64 would no longer decode)."""
+    found = version()
+    return found is not None and found >= ADMIN_COMMENT_KEEPS_CASE
+
+
+def set_admin_comment(job_id: str, comment: str) -> None:
+    """Store a finished job's AdminComment in accounting, as an admin (SlurmUser, root):
+    ONE ``sacctmgr --immediate update job`` call. Only pyhpc's own text, never a user's."""
+    if not job_id.isdigit() or ADMIN_COMMENT.fullmatch(comment) is None:
+        raise SlurmError("sacctmgr: an AdminComment is letters, digits and '+/=:', for a raw "
+                         "job id", "sacctmgr")
+    run(["sacctmgr", "--immediate", "update", "job", "where", f"jobid={job_id}", "set",
+         f"AdminComment={comment}"])
+
+
 #: sacct's columns for a job summary (``pyhpc jobstats``), job and step lines alike.
 JOBSTATS_FORMAT = ("JobID,JobIDRaw,User,Account,Partition,State,ElapsedRaw,TimelimitRaw,"
                    "TotalCPU,AllocCPUS,NNodes,NTasks,MaxRSS,ReqMem,AllocTRES,Start,End")

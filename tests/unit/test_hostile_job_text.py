@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyhpc.monitor import gpus, job_exporter, prometheus, record, serve, slurm_exporter
+from pyhpc.monitor import admin_comment, gpus, job_exporter, prometheus, record, serve, slurm_exporter
 from pyhpc.slurm import rows, slurm, submit
 
 #: What the lab's Slurm 22.05.8 printed for ``scontrol -d -o show job`` of a job of
@@ -264,7 +264,8 @@ def test_the_job_end_record_is_its_owners_whatever_the_job_is_called(
     monkeypatch.setattr(slurm, "RUNNER", Slurm([VICTIM, ATTACKER], layout))
     monkeypatch.setattr(prometheus, "gpu_figures", lambda *a: None)
     monkeypatch.setattr(prometheus, "host_memory_peak", lambda *a: None)
-    rec, uid = record.from_slurm("7", "http://127.0.0.1:9")
+    monkeypatch.setattr(admin_comment, "summary", lambda *a: "JS1:None")
+    rec, uid = record.from_slurm("7", "http://127.0.0.1:9", 5)
     assert (rec.job_id_raw, rec.user, uid) == ("7", "user1", 20000)
     assert (rec.start, rec.end) == (START, END)
 

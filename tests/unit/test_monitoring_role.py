@@ -341,6 +341,7 @@ def test_the_record_program_runs_the_record_isolated_and_reads_the_servers_url(
     text, defaults = hostlab.ask(T("ctl", "usr/local/sbin/pyhpc-jobstats-record.j2"),
                                  T("ctl", "etc/default/pyhpc-jobstats-record.j2"))
     assert "exec /usr/bin/python3 -I -B -c" in text and "--store /var/lib/pyhpc/jobstats" in text
+    assert "--scrape-interval 15s" in text  # hostlab's: a run under two is jobstats' Short
     assert "http" not in text and ". /etc/default/pyhpc-jobstats-record" in text
     assert defaults.endswith("PYHPC_PROMETHEUS_URL=https://10.89.77.10:9090\n"
                              "PYHPC_PROMETHEUS_CA=/etc/pyhpc/monitoring/ca.crt\n"
