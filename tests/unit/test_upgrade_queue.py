@@ -1,0 +1,197 @@
+"""The upgrade's queue record (issue 46): squeue --json's jobs as Slurm 22.05 prints them
+(fields taken from the lab's squeue, trimmed) into sbatch options, dependencies remapped,
+records read back or refused, and the commands' bad input. The lab's integration test
+(tests/integration/test_upgrade_queue.py) saves and restores a real queue."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyhpc import paths
+from pyhpc.admin import queue_store as store
+from pyhpc.admin import upgrade_queue
+from pyhpc.admin.queue_record import (
+    QueueError,
+    SavedJob,
+    from_json,
+    held_by,
+    options_of,
+    remap,
+    sbatch_args,
+    to_json,
+)
+
+NOW = 1796607400
+#: Three of the lab's jobs: held by its user with memory and output set; an array of four
+#: tasks (two at once) after the first, exclusive; a job for later after both, niced.
+HELD = {"job_id": 5, "name": "probe-a", "partition": "cpu", "account": "lab", "qos": "normal",
+        "comment": "hi there", "standard_output": "/tmp/x-%j.out", "standard_error": "",
+        "standard_input": "/dev/null", "flags": ["JOB_CPUS_SET", "JOB_MEM_SET"],
+        "memory_per_node": 100, "memory_per_cpu": None, "time_limit": 3, "time_minimum": 0,
+        "node_count": 1, "max_nodes": 0, "tasks": 1, "tasks_per_node": 0, "cpus_per_task": None,
+        "nice": None, "shared": None, "requeue": True, "eligible_time": 0, "deadline": 0,
+        "array_task_string": "", "array_max_tasks": 0, "dependency": "",
+        "state_reason": "JobHeldUser", "tres_per_node": "", "resv_name": ""}
+ARRAY = {**HELD, "job_id": 6, "name": "probe-b", "comment": "", "standard_output": "",
+         "flags": [], "memory_per_node": None, "memory_per_cpu": 1024, "time_limit": 2,
+         "shared": "none", "array_task_string": "1-4%2", "array_max_tasks": 2,
+         "dependency": "afterok:5(unfulfilled)", "state_reason": "None"}
+LATER = {**ARRAY, "job_id": 7, "name": "probe-c", "shared": None, "array_task_string": "",
+         "array_max_tasks": 0, "tasks": 2, "tasks_per_node": 2, "max_nodes": 1, "nice": 10,
+         "time_limit": 1440, "eligible_time": NOW + 3600, "state_reason": "Dependency",
+         "dependency": "afterany:6_*(unfulfilled),afterok:5(unfulfilled)"}
+
+
+def saved(job_id: str = "5", **values: object) -> SavedJob:
+    fields = {"user": "user1", "uid": 20000, "cwd": "/home/user1", "submit": NOW,
+              "fate": "held", "script": "#!/bin/sh\nsleep 1\n", "options": {"name": "a"},
+              **values}
+    return SavedJob(job_id, **fields)  # type: ignore[arg-type]  # test values
+
+
+def test_a_held_job_keeps_what_it_asked_for_and_who_held_it() -> None:
+    assert options_of(HELD, NOW) == {
+        "account": "lab", "comment": "hi there", "mem": "100", "name": "probe-a",
+        "ntasks": "1", "output": "/tmp/x-%j.out", "partition": "cpu", "qos": "normal",
+        "requeue": "yes", "time": "3"}
+    assert held_by(HELD) == "user" and held_by(ARRAY) == "" and \
+        held_by({"state_reason": "JobHeldAdmin"}) == "admin"
+
+
+def test_memory_the_job_did_not_set_is_left_to_the_partitions_default() -> None:
+    assert "mem_per_cpu" not in options_of(ARRAY, NOW) and "mem" not in options_of(ARRAY, NOW)
+
+
+def test_an_arrays_pending_tasks_and_throttle_come_back_once() -> None:
+    options = options_of(ARRAY, NOW)
+    assert options["array"] == "1-4%2" and options["exclusive"] == ""
+    assert options_of({**ARRAY, "array_task_string": "3-4"}, NOW)["array"] == "3-4%2"
+
+
+def test_a_later_begin_nice_and_tasks_per_node_are_kept() -> None:
+    options = options_of(LATER, NOW)
+    assert options["nice"] == "10" and options["ntasks_per_node"] == "2"
+    assert options["begin"].startswith("2026-") and options["nodes"] == "1"
+    assert "begin" not in options_of({**LATER, "eligible_time": NOW - 5}, NOW)
+
+
+def test_slurms_no_value_numbers_are_no_option() -> None:
+    job = {**HELD, "cpus_per_task": 65534, "time_limit": 4294967295, "nice": 2147483645,
+           "tres_per_node": "gres:gpu:2", "tres_per_job": "gres:gpu:a100:1"}
+    options = options_of(job, NOW)
+    assert "cpus_per_task" not in options and "time" not in options and "nice" not in options
+    assert options["gres"] == "gpu:2" and options["gpus"] == "a100:1"
+
+
+def test_dependencies_are_remapped_to_the_new_ids_without_their_states() -> None:
+    assert remap(LATER["dependency"], {"5": "105", "6": "106"}) == \
+        ("afterany:106_*,afterok:105", [])
+    assert remap("afterok:5+10(unfulfilled)?singleton", {"5": "9"}) == ("afterok:9+10?singleton", [])
+
+
+def test_a_dependency_on_a_job_not_resubmitted_is_named() -> None:
+    assert remap("afterok:5(unfulfilled),afterany:8(unfulfilled)", {"5": "105"}) == \
+        ("afterok:105", ["8"])
+
+
+def test_sbatch_gets_the_options_in_one_order_with_the_directory_first() -> None:
+    job = saved(options=options_of(ARRAY, NOW))
+    assert sbatch_args(job, "afterok:105", hold=True) == [
+        "--chdir=/home/user1", "--job-name=probe-b", "--partition=cpu", "--account=lab",
+        "--qos=normal", "--time=2", "--ntasks=1", "--array=1-4%2", "--exclusive",
+        "--requeue", "--dependency=afterok:105", "--hold"]
+
+
+def test_a_hostile_comment_stays_one_argument() -> None:
+    job = saved(options={"comment": "x --uid=0\n; rm -rf /"})
+    assert sbatch_args(job)[1:] == ["--comment=x --uid=0\n; rm -rf /"]
+
+
+def test_a_record_round_trips_and_a_tampered_one_is_refused() -> None:
+    job = saved(options=options_of(HELD, NOW), held="user")
+    assert from_json(json.loads(json.dumps(to_json(job))), "x") == job
+    for bad in ({**to_json(job), "fate": "lost"}, {**to_json(job), "uid": "0"},
+                {**to_json(job), "options": {"uid": "0"}}, {**to_json(job), "job_id": "5;6"},
+                {k: v for k, v in to_json(job).items() if k != "script"}, []):
+        with pytest.raises(QueueError, match="record: x"):
+            from_json(bad, "x")
+
+
+@pytest.mark.parametrize("text,seconds", [("0", 0), ("90", 90), ("90s", 90), ("10m", 600),
+                                          ("2h", 7200), ("7d", 604800)])
+def test_deadlines_in_bounds(text: str, seconds: int) -> None:
+    assert upgrade_queue.deadline_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["8d", "-1", "1y", "10 m", "", "1e3", "9" * 30])
+def test_deadlines_out_of_bounds_are_one_line(text: str) -> None:
+    with pytest.raises(QueueError, match=r"^--deadline: .* from 0 to 7d$"):
+        upgrade_queue.deadline_seconds(text)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "pyhpc", "admin", "upgrade", "queue", *args]
+    return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+
+
+def test_a_deadline_out_of_bounds_exits_2_and_records_nothing() -> None:
+    before = os.path.lexists(store_path())
+    proc = cli("save", "--deadline", "8d")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--deadline" in proc.stderr
+    assert os.path.lexists(store_path()) == before
+
+
+def store_path() -> Path:
+    return paths.UPGRADE_QUEUE
+
+
+def test_save_and_restore_refuse_anyone_but_root(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for call in (lambda: upgrade_queue.save("0", tmp_path / "q"),
+                 lambda: upgrade_queue.restore(tmp_path / "q")):
+        with pytest.raises(QueueError, match="^user: run as root on the controller"):
+            call()
+    assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+def test_no_record_and_a_corrupt_one_are_one_line_each(tmp_path: Path) -> None:
+    top = tmp_path / "queue"
+    with pytest.raises(QueueError, match="^record: no queue record in"):
+        upgrade_queue.restore(top)
+    store.make(top)
+    store.write_save(top, {"reservation_made": True, "saved": True, "deadline_at": 1,
+                           "started_at": 1})
+    (top / store.JOBS / "5.json").write_text("{not json")
+    (top / store.JOBS / "5.json").chmod(0o600)
+    with pytest.raises(QueueError, match="is not JSON; not a pyhpc queue record"):
+        upgrade_queue.restore(top)
+    (top / store.JOBS / "5.json").chmod(0o644)
+    with pytest.raises(QueueError, match="is not private"):
+        upgrade_queue.restore(top)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+def test_the_record_is_private_and_a_planted_link_is_replaced_not_followed(tmp_path: Path) -> None:
+    top = store.make(tmp_path / "queue")
+    target = tmp_path / "elsewhere"
+    target.write_text("kept")
+    (top / store.JOBS / "5.json").symlink_to(target)
+    store.write_job(top, saved())
+    assert target.read_text() == "kept"
+    assert oct((top / store.JOBS / "5.json").stat().st_mode & 0o777) == "0o600"
+    assert oct(top.stat().st_mode & 0o777) == "0o700"
+    assert store.read_jobs(top) == {"5": saved()}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+def test_a_first_save_without_a_deadline_is_one_line_and_makes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(QueueError, match="^--deadline: required on the first save"):
+        upgrade_queue.save(None, tmp_path / "queue")
+    assert not (tmp_path / "queue").exists()
