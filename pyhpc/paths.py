@@ -49,6 +49,9 @@ LAB_CLUSTER = ROOT / "ansible" / "inventories" / "lab" / "cluster.yml"
 #: lines, only appended to; root's, 0600, and its owner's to read by an ACL entry), in a
 #: folder of root's that nobody else can list (0711).
 RUNAWAY_LEDGERS = Path("/var/lib/pyhpc/runaway-jobs")
+#: The queue record of ``pyhpc admin upgrade queue save`` (root's, 0700; files 0600): each
+#: held, requeued or cancelled job, and what restore resubmitted.
+UPGRADE_QUEUE = Path("/var/lib/pyhpc/upgrade-queue")
 #: The one ledger of every user's rows (0644) from before: --fix-runaway moves them.
 RUNAWAY_LEDGER_SHARED = Path("/var/lib/pyhpc/runaway-jobs.jsonl")
 

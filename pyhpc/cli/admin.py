@@ -1,7 +1,8 @@
 """The admin commands of the ``pyhpc`` CLI: ``directory sync``, ``workshop create|delete|
-list``, ``admin backup now|list|verify`` and ``admin upgrade plan``. Each parses its arguments
+list``, ``admin backup now|list|verify``, ``admin upgrade plan`` and ``admin upgrade queue
+save|restore``. Each parses its arguments
 and makes one call into :mod:`pyhpc.admin.directory`, :mod:`pyhpc.admin.workshop`,
-:mod:`pyhpc.admin.backup` or :mod:`pyhpc.admin.upgrade`;
+:mod:`pyhpc.admin.backup`, :mod:`pyhpc.admin.upgrade` or :mod:`pyhpc.admin.upgrade_queue`;
 run as root (workshops and the directory on the login host, backups where the state is).
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import cluster, paths
-from pyhpc.admin import backup, directory_sync, restore, workshop
+from pyhpc.admin import backup, directory_sync, restore, upgrade_queue, workshop
 from pyhpc.admin import upgrade as upgrade_plan
 
 
@@ -138,6 +139,18 @@ def cmd_upgrade_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue_save(args: argparse.Namespace) -> int:
+    done = upgrade_queue.save(args.deadline)
+    _emit(done, args.json, upgrade_queue.text(done))
+    return 0
+
+
+def cmd_queue_restore(args: argparse.Namespace) -> int:
+    done = upgrade_queue.restore()
+    _emit(done, args.json, upgrade_queue.text(done, restoring=True))
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     """Register the admin commands on the CLI's subparsers."""
     p = sub.add_parser("directory", help="admin: the user directory (LDAP)")
@@ -227,3 +240,22 @@ def add_commands(sub: Any) -> None:
                    "machine)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=cmd_upgrade_plan)
+    q = usub.add_parser("queue", help="the job queue across Slurm's unsupported jump: save "
+                        "it before slurmctld loses its state, restore it after (as root on "
+                        "the controller)")
+    qsub = q.add_subparsers(dest="queue_command", required=True, metavar="SUBCOMMAND")
+    s = qsub.add_parser("save", help="stop jobs from starting (reservation pyhpc-upgrade), "
+                        "record and hold every pending job, wait for running ones until the "
+                        "deadline, then requeue pyhpc train jobs and cancel the others, "
+                        "recorded; run again, it records nothing twice")
+    s.add_argument("--deadline", metavar="DURATION", help="how long running jobs may go "
+                   "on, from now: seconds, or a number and s, m, h or d, up to 7d; 0: at "
+                   "once (required on the first run; a later run without it keeps the first "
+                   "run's)")
+    s.add_argument("--json", action="store_true", help="print the record as JSON")
+    s.set_defaults(func=cmd_queue_save)
+    s = qsub.add_parser("restore", help="submit every recorded job again as its user "
+                        "(dependencies remapped, user holds kept), remove the reservation, "
+                        "list old -> new job ids; run again, it submits nothing twice")
+    s.add_argument("--json", action="store_true", help="print old -> new ids as JSON")
+    s.set_defaults(func=cmd_queue_restore)
