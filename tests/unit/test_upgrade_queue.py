@@ -195,3 +195,18 @@ def test_a_first_save_without_a_deadline_is_one_line_and_makes_nothing(tmp_path:
     with pytest.raises(QueueError, match="^--deadline: required on the first save"):
         upgrade_queue.save(None, tmp_path / "queue")
     assert not (tmp_path / "queue").exists()
+
+
+def test_a_train_job_is_told_by_its_owners_pyhpc_record_and_by_nothing_else(
+        tmp_path: Path) -> None:
+    folder = tmp_path / "pyhpc-jobs" / "%j"
+    (tmp_path / "pyhpc-jobs" / "records").mkdir(parents=True)
+    record = tmp_path / "pyhpc-jobs" / "records" / "42.json"
+    record.write_text(json.dumps({"job_id": "42", "kind": "train", "folder": str(folder)}))
+    job = {"job_id": 42, "user_id": os.geteuid(), "standard_output": f"{folder}/%j_0_log.out"}
+    assert upgrade_queue.pyhpc_kind(job) == ("train", str(folder))
+    assert upgrade_queue.pyhpc_kind({**job, "user_id": os.geteuid() + 1}) == ("", "")
+    assert upgrade_queue.pyhpc_kind({**job, "job_id": 43}) == ("", "")
+    record.rename(tmp_path / "real.json")
+    record.symlink_to(tmp_path / "real.json")
+    assert upgrade_queue.pyhpc_kind(job) == ("", "")
