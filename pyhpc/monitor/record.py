@@ -115,7 +115,18 @@ def from_slurm(job_id: str, base: str, sampling_s: int) -> tuple[Record, int | N
     start, end, raw = float(view.start), float(view.end), view.job_id
     return Record(raw, view.user, start, end, prometheus.gpu_figures(base, raw, start, end),
                   prometheus.host_memory_peak(base, raw, start, end),
-                  admin_comment.summary(base, raw, start, end, sampling_s)), view.uid
+                  jobstats_summary(base, raw, start, end, sampling_s)), view.uid
+
+
+def jobstats_summary(base: str, raw: str, start: float, end: float,
+                     sampling_s: int) -> str | None:
+    """The summary, or None (and one line on stderr) where it is too large to keep: the
+    record's other figures are kept all the same."""
+    try:
+        return admin_comment.summary(base, raw, start, end, sampling_s)
+    except admin_comment.CommentError as exc:
+        print(f"pyhpc-jobstats-record: job {raw}: {exc}", file=sys.stderr, flush=True)
+        return None
 
 
 def store_admin_comment(rec: Record) -> None:

@@ -178,3 +178,16 @@ def test_the_record_keeps_the_summary_and_older_records_still_read(tmp_path) -> 
     del data["admin_comment"]
     (store / "1.json").write_text(json.dumps(data))
     assert record.read(store, "1").admin_comment is None
+
+
+def test_a_summary_too_large_costs_the_record_nothing_but_its_summary(monkeypatch,
+                                                                     capsys) -> None:
+    def too_large(*args: object) -> str:
+        raise admin_comment.CommentError("admin comment: the summary of 4000 nodes takes "
+                                         "20000 characters, more than 16384", "admin comment")
+
+    monkeypatch.setattr(admin_comment, "summary", too_large)
+    assert record.jobstats_summary("http://p:1", "7", 0.0, 60.0, 5) is None
+    assert capsys.readouterr().err == ("pyhpc-jobstats-record: job 7: admin comment: the "
+                                       "summary of 4000 nodes takes 20000 characters, more "
+                                       "than 16384\n")
