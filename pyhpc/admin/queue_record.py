@@ -81,6 +81,10 @@ class SavedJob:
     #: pyhpc bench): it comes back through ``pyhpc resubmit``, from its pickle.
     pyhpc_folder: str = ""
     pyhpc_kind: str = ""
+    #: The environment sbatch stored with the job (NAME=value; sbatch's own SLURM_* left
+    #: out: the new sbatch sets them), and the umask it ran with; empty: not read.
+    environment: list[str] = field(default_factory=list)
+    umask: str = ""
 
 
 def _count(value: Any, limit: int = NO_VAL) -> int | None:
@@ -206,13 +210,21 @@ def to_json(saved: SavedJob) -> dict[str, Any]:
     return asdict(saved)
 
 
+def environment(entries: list[str]) -> tuple[list[str], str]:
+    """A job's stored environment as the record keeps it: its entries without sbatch's own
+    ``SLURM_*``, and the umask sbatch ran with (``SLURM_UMASK``; "" if none)."""
+    umask = next((e.split("=", 1)[1] for e in entries if e.startswith("SLURM_UMASK=")), "")
+    return ([e for e in entries if "=" in e and not e.startswith("SLURM_")],
+            umask if re.fullmatch(r"0[0-7]{3}", umask) else "")
+
+
 def from_json(data: Any, where: str) -> SavedJob:
     """A :class:`SavedJob` from its record file's JSON; one line where it is not one."""
     if not isinstance(data, dict) or set(data) != {f.name for f in fields(SavedJob)}:
         raise QueueError(f"record: {where} is not a pyhpc queue record (its fields differ)")
     for f in fields(SavedJob):
         value = data[f.name]
-        kind = {"uid": int, "submit": int, "options": dict}.get(f.name, str)
+        kind = {"uid": int, "submit": int, "options": dict, "environment": list}.get(f.name, str)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise QueueError(f"record: {where}: {f.name} is not a {kind.__name__}; not a pyhpc "
                              "queue record")
@@ -223,6 +235,10 @@ def from_json(data: Any, where: str) -> SavedJob:
     if data["fate"] not in FATES or data["held"] not in HOLDS:
         raise QueueError(f"record: {where}: fate must be one of {', '.join(FATES)} and held "
                          "one of user, admin or empty")
+    if not all(isinstance(v, str) and "=" in v and "\0" not in v for v in data["environment"]) \
+            or not re.fullmatch(r"(0[0-7]{3})?", data["umask"]):
+        raise QueueError(f"record: {where}: environment must be NAME=value strings and umask "
+                         "an octal mode such as 0077")
     if not re.fullmatch(r"[0-9]{1,10}", data["job_id"]) or not data["cwd"].startswith("/"):
         raise QueueError(f"record: {where}: job_id is not a job id or cwd not an absolute path")
     return SavedJob(**data)

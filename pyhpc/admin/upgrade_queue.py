@@ -28,6 +28,7 @@ from pyhpc.admin.queue_record import (
     QueueError,
     SavedJob,
     dependency_of,
+    environment,
     held_by,
     options_of,
     remap,
@@ -103,18 +104,21 @@ def pyhpc_kind(job: dict[str, Any]) -> tuple[str, str]:
     return str(record["kind"]), str(record["folder"])
 
 
-def _record(job: dict[str, Any], fate: str) -> SavedJob:
-    """One job of the queue as the record keeps it (its script read now)."""
+def _record(job: dict[str, Any], fate: str, state: Path) -> SavedJob:
+    """One job of the queue as the record keeps it (its script and stored environment,
+    from StateSaveLocation ``state``, read now)."""
     job_id = _job_id(job)
     kind, folder = pyhpc_kind(job)
+    env, umask = environment(ctl.environment(job_id, state) or [])
     return SavedJob(job_id, str(job.get("user_name") or ""), number(job.get("user_id")) or 0,
                     str(job.get("current_working_directory") or "/"),
                     number(job.get("submit_time")) or 0, fate,
                     ctl.batch_script(job_id) if job.get("batch_flag") else "",
-                    options_of(job), dependency_of(job), held_by(job), folder, kind)
+                    options_of(job), dependency_of(job), held_by(job), folder, kind, env, umask)
 
 
-def _hold_pending(jobs: list[dict[str, Any]], saved: dict[str, SavedJob], top: Path) -> None:
+def _hold_pending(jobs: list[dict[str, Any]], saved: dict[str, SavedJob], top: Path,
+                  state: Path) -> None:
     """Record each pending job not recorded yet, then hold it (an admin's hold: its user
     cannot release it during the upgrade)."""
     for job in jobs:
@@ -122,20 +126,21 @@ def _hold_pending(jobs: list[dict[str, Any]], saved: dict[str, SavedJob], top: P
         if _state(job) != "PENDING" or not job_id:
             continue
         if job_id not in saved:
-            saved[job_id] = _record(job, "held")
+            saved[job_id] = _record(job, "held", state)
             store.write_job(top, saved[job_id])
         if job.get("state_reason") != "JobHeldAdmin":
             ctl.hold(job_id)
 
 
-def _at_deadline(jobs: list[dict[str, Any]], saved: dict[str, SavedJob], top: Path) -> None:
+def _at_deadline(jobs: list[dict[str, Any]], saved: dict[str, SavedJob], top: Path,
+                 state: Path) -> None:
     """Each running job recorded, then requeued and held (pyhpc train) or cancelled."""
     for job in jobs:
         job_id = _job_id(job)
         if _state(job) not in ("RUNNING", "SUSPENDED") or job_id in saved:
             continue
         task = _label(job) != job_id
-        saved[job_id] = _record(job, "cancelled")
+        saved[job_id] = _record(job, "cancelled", state)
         if saved[job_id].pyhpc_kind == "train" and not task:
             saved[job_id] = replace(saved[job_id], fate="requeued")
         store.write_job(top, saved[job_id])
@@ -183,13 +188,14 @@ def save(deadline: str | None, where: Path = paths.UPGRADE_QUEUE,
     if ctl.block():
         state["reservation_made"] = True
         store.write_save(top, state)
+    state_dir = ctl.state_dir()
     while True:
         jobs = ctl.jobs()
-        _hold_pending(jobs, saved, top)
+        _hold_pending(jobs, saved, top, state_dir)
         if not any(_state(j) in RUNNING for j in jobs):
             break
         if clock() >= state["deadline_at"]:
-            _at_deadline(jobs, saved, top)
+            _at_deadline(jobs, saved, top, state_dir)
         sleep(POLL_S)
     _refresh(jobs, saved, top)
     state["saved"] = True
@@ -228,7 +234,8 @@ def _again(s: SavedJob, new_ids: dict[str, str]) -> tuple[str, str]:
             ctl.user_hold(new)
     else:
         new = ctl.submit_as(s.user, s.script, sbatch_args(s, dep, s.held == "user" or
-                                                          bool(missing)))
+                                                          bool(missing)),
+                            s.environment, s.umask)
     if s.held == "admin":
         ctl.hold(new)
     return new, note

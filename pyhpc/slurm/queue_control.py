@@ -4,22 +4,34 @@ job's own user. Every command goes through :func:`pyhpc.slurm.slurm.run`, the on
 tests replace.
 
 A job is submitted again as its user with ``runuser -u USER -- env -i ...``: no shell
-reads its options, and the job gets a plain environment of that user's (home, PATH, name),
-never root's.
+reads its options, and sbatch runs in a plain environment of that user's (home, PATH,
+name), never root's; the job's own stored environment reaches it through
+``--export-file``, a file only that user can read.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pwd
-from collections.abc import Sequence
+import re
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-from pyhpc import paths, validate
+from pyhpc import files, paths, validate
 from pyhpc.slurm import slurm
 
 RUNUSER = "/usr/sbin/runuser"
 #: The PATH a job submitted again starts with (Debian's default for users).
 USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Largest stored environment read (Slurm's own limit is far below).
+ENV_LIMIT = 4 * 1024 * 1024
+#: Where a job's environment waits, for its user's sbatch to read, during a restore.
+EXPORT_DIR = "/run"
 #: The upgrade's maintenance reservation: no job starts on any node while it is there.
 RESERVATION = "pyhpc-upgrade"
 
@@ -97,15 +109,79 @@ def _as(user: str, argv: Sequence[str]) -> list[str]:
             "LANG=C.UTF-8", *argv]
 
 
-def submit_as(user: str, script: str, options: Sequence[str]) -> str:
-    """sbatch ``script`` (on stdin) with ``options`` as ``user``; the new job's id."""
-    proc = slurm.run(_as(user, ["sbatch", "--parsable", *options]), stdin=script, submits=True,
-                     check=False)
+def state_dir() -> Path:
+    """slurmctld's StateSaveLocation (``scontrol show config``)."""
+    found = re.search(r"^StateSaveLocation\s*=\s*(/\S*)",
+                      slurm.run(["scontrol", "show", "config"]).stdout, re.MULTILINE)
+    if not found:
+        raise slurm.SlurmError("scontrol: show config names no StateSaveLocation", "scontrol")
+    return Path(found.group(1))
+
+
+def environment(job_id: str, where: Path) -> list[str] | None:
+    """The environment sbatch stored with pending job ``job_id`` in StateSaveLocation
+    ``where`` (22.05: ``hash.N/job.ID/environment``, a native uint32 count, then as many
+    NUL-ended NAME=value strings; no Slurm command prints it); None where there is none
+    or it is not of that shape. Bytes that are not UTF-8 are kept (surrogateescape)."""
+    fh, _ = files.try_open_regular(where / f"hash.{int(job_id) % 10}" / f"job.{job_id}" /
+                                   "environment")
+    if fh is None:
+        return None
+    with fh:
+        data = fh.read(ENV_LIMIT + 1)
+    if len(data) < 4 or len(data) > ENV_LIMIT:
+        return None
+    count = struct.unpack("=I", data[:4])[0]
+    parts = data[4:].split(b"\0")
+    if len(parts) != count + 1 or parts[-1]:
+        return None
+    return [p.decode(errors="surrogateescape") for p in parts[:-1]]
+
+
+def submit_as(user: str, script: str, options: Sequence[str],
+              env: Sequence[str] | None = None, umask: str = "") -> str:
+    """sbatch ``script`` (on stdin) with ``options`` as ``user``; the new job's id. ``env``:
+    the job's environment, handed to sbatch in a file only that user can read
+    (``--export-file``), removed after; ``umask``: the one sbatch runs with (the job's)."""
+    with _export_file(user, env) as path, _umask(umask):
+        extra = [f"--export-file={path}"] if path else []
+        proc = slurm.run(_as(user, ["sbatch", "--parsable", *extra, *options]), stdin=script,
+                         submits=True, check=False)
     if proc.returncode != 0:
         if any(t in proc.stderr for t in slurm.AMBIGUOUS):
             raise slurm.ambiguous("sbatch", proc)
         raise slurm.SlurmError(f"sbatch: {slurm.why(proc)}", "sbatch")
     return proc.stdout.strip().splitlines()[-1].split(";")[0]
+
+
+@contextlib.contextmanager
+def _umask(mode: str) -> Iterator[None]:
+    old = os.umask(int(mode, 8)) if mode else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            os.umask(old)
+
+
+@contextlib.contextmanager
+def _export_file(user: str, env: Sequence[str] | None) -> Iterator[str]:
+    """A NUL-separated file of ``env`` in a fresh directory of root's under /run, both
+    then given to ``user`` (0700, 0600); removed on the way out. "" for no ``env``."""
+    if not env:
+        yield ""
+        return
+    entry = pwd.getpwnam(user)
+    top = Path(tempfile.mkdtemp(prefix="pyhpc-queue-", dir=EXPORT_DIR))
+    try:
+        path = top / "environment"
+        files.write_with(path, lambda fh: fh.write(b"".join(
+            e.encode(errors="surrogateescape") + b"\0" for e in env)), "environment", 0o600)
+        for p in (path, top):
+            os.chown(p, entry.pw_uid, entry.pw_gid)
+        yield str(path)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def resubmit_as(user: str, job_id: str, folder: str) -> str:

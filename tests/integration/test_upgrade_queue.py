@@ -10,7 +10,8 @@ its StateSaveLocation moved aside (kept), slurmctld started on an empty one. The
 `restore`: every pending job is back as its user with its script and options, under new
 ids it lists, the dependency on the held job's new id, the user's hold kept, the array's
 tasks pending; the training resumes and runs each epoch once; a second restore submits
-nothing. The lab is put back whatever happens: the original state, no job left.
+nothing; the held job, released, runs with the variable and umask it was submitted with.
+The lab is put back whatever happens: the original state, no job left.
 
 Real slurmctld, slurmd, slurmdbd, sbatch as the users, runuser and pyhpc. Jobs run the
 deployed pyhpc (train, resubmit), which this command does not change; the command itself
@@ -67,8 +68,8 @@ def script(job_id: str) -> str:
     return sh("scontrol", "write", "batch_script", job_id, "-").stdout
 
 
-def submit(user: str, options: str) -> str:
-    return as_user(user, f"sbatch --parsable {options}").stdout.strip()
+def submit(user: str, options: str, before: str = "") -> str:
+    return as_user(user, f"{before}sbatch --parsable {options}").stdout.strip()
 
 
 def state(job_id: str) -> str:
@@ -133,8 +134,10 @@ def test_the_queue_survives_the_state_loss_of_an_unsupported_jump(
                              str(run), "--json").stdout)["job_id"]
     made["old"].append(train)
     plain = submit("user2", "-p cpu -c 1 --mem=200M --time=10 -J plain --wrap 'sleep 600'")
+    # Its environment and umask at submission: the new job runs with them.
     held = submit("user1", f"--hold -p cpu --time=3 --mem=100M -J held -o {work}/held-%j.out "
-                           "--comment kept-as-it-was --wrap 'echo held'")
+                           "--comment kept-as-it-was --wrap 'echo \"$PYHPC_TEST_VAR\"'",
+                  before="umask 077; export PYHPC_TEST_VAR='two words'; ")
     after = submit("user1", f"-p cpu --time=4 -J after --dependency=afterok:{held} "
                             "--wrap 'echo after'")
     array = submit("user2", "-p cpu --time=2 -J tasks --array=1-4%2 --begin=now+10minutes "
@@ -185,6 +188,11 @@ def test_the_queue_survives_the_state_loss_of_an_unsupported_jump(
     again = json.loads(admin("restore", "--json").stdout)
     assert again["restored"] == new
     assert sorted(sh("squeue", "-h", "-o", "%F").stdout.split()) == sorted(set(new.values()))
+
+    as_user("user1", f"scontrol release {new[held]}")
+    out = work / f"held-{new[held]}.out"
+    wait_for("the held job, released, did not run", lambda: state(new[held]) in ("", "COMPLETED"))
+    assert out.read_text() == "two words\n" and out.stat().st_mode & 0o777 == 0o600
 
     done = pyhpc(work, "status", new[train], "--watch", "--interval", "1", "--json")
     assert json.loads(done.stdout) == {new[train]: "COMPLETED"}

@@ -18,6 +18,7 @@ from pyhpc.admin import upgrade_queue
 from pyhpc.admin.queue_record import (
     QueueError,
     SavedJob,
+    environment,
     from_json,
     held_by,
     options_of,
@@ -25,6 +26,7 @@ from pyhpc.admin.queue_record import (
     sbatch_args,
     to_json,
 )
+from pyhpc.slurm import queue_control
 
 NOW = 1796607400
 #: Three of the lab's jobs: held by its user with memory and output set; an array of four
@@ -117,6 +119,7 @@ def test_a_record_round_trips_and_a_tampered_one_is_refused() -> None:
     assert from_json(json.loads(json.dumps(to_json(job))), "x") == job
     for bad in ({**to_json(job), "fate": "lost"}, {**to_json(job), "uid": "0"},
                 {**to_json(job), "options": {"uid": "0"}}, {**to_json(job), "job_id": "5;6"},
+                {**to_json(job), "environment": ["NOEQUALS"]}, {**to_json(job), "umask": "777"},
                 {k: v for k, v in to_json(job).items() if k != "script"}, []):
         with pytest.raises(QueueError, match="record: x"):
             from_json(bad, "x")
@@ -210,3 +213,18 @@ def test_a_train_job_is_told_by_its_owners_pyhpc_record_and_by_nothing_else(
     record.rename(tmp_path / "real.json")
     record.symlink_to(tmp_path / "real.json")
     assert upgrade_queue.pyhpc_kind(job) == ("", "")
+
+
+def test_the_stored_environment_is_read_as_slurm_22_05_writes_it(tmp_path: Path) -> None:
+    entries = [b"HOME=/home/user1", b"VAR=two words", b"RAW=\xff", b"SLURM_UMASK=0077",
+               b"SLURM_SUBMIT_DIR=/home/user1"]
+    where = tmp_path / "hash.5" / "job.45"
+    where.mkdir(parents=True)
+    (where / "environment").write_bytes(len(entries).to_bytes(4, sys.byteorder)
+                                        + b"".join(e + b"\0" for e in entries))
+    found = queue_control.environment("45", tmp_path)
+    assert found is not None and found[2].encode(errors="surrogateescape") == b"RAW=\xff"
+    assert environment(found) == (["HOME=/home/user1", "VAR=two words", found[2]], "0077")
+    (where / "environment").write_bytes((9).to_bytes(4, sys.byteorder) + b"A=1\0")
+    assert queue_control.environment("45", tmp_path) is None
+    assert queue_control.environment("46", tmp_path) is None
