@@ -197,3 +197,21 @@ def test_the_queue_survives_the_state_loss_of_an_unsupported_jump(
     done = pyhpc(work, "status", new[train], "--watch", "--interval", "1", "--json")
     assert json.loads(done.stdout) == {new[train]: "COMPLETED"}
     assert [h["epoch"] for h in read_history(run)] == list(range(EPOCHS))
+
+
+def test_a_restore_where_slurmctld_kept_its_state_releases_the_same_jobs(
+        work: Path, lab_put_back: dict[str, list[str]]) -> None:  # noqa: F811
+    """The upgrade called off after save: slurmctld still holds the jobs, and restore
+    releases them (the user's hold kept) instead of submitting them twice."""
+    made = lab_put_back
+    held = submit("user1", "--hold -p cpu --time=1 -J held-here --wrap true")
+    after = submit("user2", f"-p cpu --time=1 -J after-here --begin=now+10minutes "
+                            f"--dependency=afterany:{held} --wrap true")
+    made["old"] += [held, after]
+    admin("save", "--deadline", "0")
+    assert job(held)["Priority"] == job(after)["Priority"] == "0"
+    restored = json.loads(admin("restore", "--json").stdout)
+    assert restored["restored"] == {held: held, after: after}
+    assert job(held)["Reason"] == "JobHeldUser" and job(after)["Priority"] != "0"
+    assert sorted(sh("squeue", "-h", "-o", "%i").stdout.split()) == sorted([held, after])
+    assert not queue_control.blocked()
