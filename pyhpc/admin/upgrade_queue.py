@@ -171,6 +171,9 @@ def save(deadline: str | None, where: Path = paths.UPGRADE_QUEUE,
     record's path, the reservation and the jobs."""
     seconds = None if deadline is None else deadline_seconds(deadline)
     store.check_root()
+    if os.path.lexists(where / store.RESTORED):
+        raise QueueError(f"record: {where} holds a queue restore brought back already; move it "
+                         "aside (it is that upgrade's log), then save", "record")
     if seconds is None and not store.read_save(where)["deadline_at"]:
         raise QueueError("--deadline: required on the first save (how long running jobs may "
                          "go on: seconds, or a number and s, m, h or d, up to 7d)", "--deadline")

@@ -228,3 +228,13 @@ def test_the_stored_environment_is_read_as_slurm_22_05_writes_it(tmp_path: Path)
     (where / "environment").write_bytes((9).to_bytes(4, sys.byteorder) + b"A=1\0")
     assert queue_control.environment("45", tmp_path) is None
     assert queue_control.environment("46", tmp_path) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+def test_a_save_over_a_restored_record_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    top = store.make(tmp_path / "queue")
+    store.write_restored(top, {"5": "1"})
+    before = sorted(p.name for p in top.rglob("*"))
+    with pytest.raises(QueueError, match="^record: .* holds a queue restore brought back"):
+        upgrade_queue.save("0", top)
+    assert sorted(p.name for p in top.rglob("*")) == before
