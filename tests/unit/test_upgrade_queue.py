@@ -238,3 +238,19 @@ def test_a_save_over_a_restored_record_is_one_line_and_changes_nothing(tmp_path:
     with pytest.raises(QueueError, match="^record: .* holds a queue restore brought back"):
         upgrade_queue.save("0", top)
     assert sorted(p.name for p in top.rglob("*")) == before
+
+
+def test_the_admins_table_lists_each_job_and_old_to_new_ids() -> None:
+    rows = [{"job_id": "5", "user": "user1", "name": "a", "fate": "held", "held": "user"},
+            {"job_id": "6", "user": "user2", "name": "b", "fate": "cancelled", "held": ""}]
+    saved_text = upgrade_queue.text({"record": "/r", "reservation": "pyhpc-upgrade",
+                                     "seconds": 1.0, "jobs": rows})
+    assert saved_text.splitlines()[1:] == ["5\tuser1\ta\theld, held by its user",
+                                           "6\tuser2\tb\tcancelled"]
+    restored = [{**rows[0], "new_job_id": "1", "note": ""},
+                {**rows[1], "new_job_id": None, "note": "cancelled at save's deadline"}]
+    text = upgrade_queue.text({"record": "/r", "seconds": 1.0, "jobs": restored},
+                              restoring=True)
+    assert text.splitlines() == ["restored 1 of 2 recorded jobs in 1.0 s; record /r",
+                                 "5 -> 1\tuser1\ta",
+                                 "6 -> -\tuser2\tb\tcancelled at save's deadline"]
