@@ -26,7 +26,19 @@ from pyhpc.admin.queue_record import (
     sbatch_args,
     to_json,
 )
-from pyhpc.slurm import queue_control
+from pyhpc.slurm import queue_control, slurm
+
+
+@pytest.fixture(autouse=True)
+def no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Slurm command runs here: every refusal comes before one, and a save or restore
+    that got further must fail the test, never hold or resubmit the machine's real jobs
+    (one did, through a check missing for a moment, and blocked the lab with its
+    reservation)."""
+    def refuse(argv: object, stdin: object, timeout: object) -> None:
+        raise AssertionError(f"a unit test ran a Slurm command: {argv}")
+    monkeypatch.setattr(slurm, "RUNNER", refuse)
+
 
 NOW = 1796607400
 #: Three of the lab's jobs: held by its user with memory and output set; an array of four
@@ -139,7 +151,9 @@ def test_deadlines_out_of_bounds_are_one_line(text: str) -> None:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "pyhpc", "admin", "upgrade", "queue", *args]
-    return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    # No Slurm tool on its PATH: should a refusal come too late, nothing reaches the lab.
+    return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60,
+                          env={**os.environ, "PATH": "/nonexistent"})
 
 
 def test_a_deadline_out_of_bounds_exits_2_and_records_nothing() -> None:
