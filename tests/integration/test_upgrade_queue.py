@@ -89,6 +89,7 @@ def lab_put_back() -> Iterator[dict[str, list[str]]]:
     in place with slurmctld on it, whatever happens; the test's record removed."""
     record = paths.UPGRADE_QUEUE
     assert not os.path.lexists(record), f"{record} exists: an admin's queue record, left alone"
+    assert not queue_control.blocked(), "reservation pyhpc-upgrade exists: not this test's"
     made: dict[str, list[str]] = {"old": [], "new": [], "aside": []}
     try:
         yield made
