@@ -23,10 +23,12 @@ from test_hostlab import HOSTLAB, SKIP, _run, mark_converged, run_on
 from test_hostlab_life import converge, make_with, wait_for
 from test_hostlab_pyhpc_backup import PYHPC, ok
 
+from pyhpc.admin import backup
+
 pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
-HOLD = "/var/lib/pyhpc/slurmdbd-held"
+HOLD = str(backup.HOLD)  # the deploy's mark (the slurm role's slurm_dbd_hold_file)
 DBD_LOG = "/var/log/slurm/slurmdbd.log"
 
 

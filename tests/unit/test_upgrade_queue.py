@@ -177,7 +177,11 @@ def test_save_and_restore_refuse_anyone_but_root(monkeypatch: pytest.MonkeyPatch
     assert not (tmp_path / "q").exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+#: The record is root's (files.read_owned checks its owner): these tests need root.
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+
+
+@root_only
 def test_no_record_and_a_corrupt_one_are_one_line_each(tmp_path: Path) -> None:
     top = tmp_path / "queue"
     with pytest.raises(QueueError, match="^record: no queue record in"):
@@ -194,7 +198,7 @@ def test_no_record_and_a_corrupt_one_are_one_line_each(tmp_path: Path) -> None:
         upgrade_queue.restore(top)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+@root_only
 def test_the_record_is_private_and_a_planted_link_is_replaced_not_followed(tmp_path: Path) -> None:
     top = store.make(tmp_path / "queue")
     target = tmp_path / "elsewhere"
@@ -207,7 +211,7 @@ def test_the_record_is_private_and_a_planted_link_is_replaced_not_followed(tmp_p
     assert store.read_jobs(top) == {"5": saved()}
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+@root_only
 def test_a_first_save_without_a_deadline_is_one_line_and_makes_nothing(tmp_path: Path) -> None:
     with pytest.raises(QueueError, match="^--deadline: required on the first save"):
         upgrade_queue.save(None, tmp_path / "queue")
@@ -244,7 +248,7 @@ def test_the_stored_environment_is_read_as_slurm_22_05_writes_it(tmp_path: Path)
     assert queue_control.environment("46", tmp_path) is None
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+@root_only
 def test_a_save_over_a_restored_record_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
     top = store.make(tmp_path / "queue")
     store.write_restored(top, {"5": "1"})
