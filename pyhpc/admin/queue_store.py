@@ -1,6 +1,7 @@
 """The queue record's files, under :data:`pyhpc.paths.UPGRADE_QUEUE` on the controller.
 
-``save.json`` says what save changed (the reservation it made) and how far it got;
+``save.json`` says what save changed (the reservation it made), how far it got, and the
+first job id safe for the new slurmctld (:data:`FIRST_JOB_ID`);
 ``jobs/<id>.json`` holds one job each (:class:`~pyhpc.admin.queue_record.SavedJob`);
 ``restored.json`` maps each old id restore resubmitted to its new one, written after each
 submission, so a second restore submits nothing twice. The directory is root's, 0700, each
@@ -23,7 +24,13 @@ SAVE = "save.json"
 RESTORED = "restored.json"
 #: Largest record file read back (a batch script is at most 4 MB in Slurm's default).
 LIMIT = 8 * 1024 * 1024
-SAVE_KEYS = {"reservation_made": bool, "saved": bool, "deadline_at": int, "started_at": int}
+SAVE_KEYS = {"reservation_made": bool, "saved": bool, "deadline_at": int, "started_at": int,
+             "first_job_id": int, "next_job_id": int}
+#: save.json's key for the lowest job id safe for the new slurmctld's jobs; the slurm role
+#: reads it on the primary controller and sets slurm.conf's FirstJobId from it.
+FIRST_JOB_ID = "first_job_id"
+#: Keys a record written before they existed lacks (read as 0: nothing recorded).
+LATER_KEYS = (FIRST_JOB_ID, "next_job_id")
 
 
 def check_root() -> None:
@@ -74,10 +81,14 @@ def read_save(top: Path) -> dict[str, Any]:
     """``save.json``, checked; a fresh one where there is none yet."""
     path = top / SAVE
     if not os.path.lexists(path):
-        return {"reservation_made": False, "saved": False, "deadline_at": 0, "started_at": 0}
+        return {"reservation_made": False, "saved": False, "deadline_at": 0, "started_at": 0,
+                FIRST_JOB_ID: 0, "next_job_id": 0}
     data = _read(path)
+    if isinstance(data, dict):
+        data = {**dict.fromkeys(LATER_KEYS, 0), **data}
     if not isinstance(data, dict) or set(data) != set(SAVE_KEYS) or not all(
-            isinstance(data[k], t) for k, t in SAVE_KEYS.items()):
+            isinstance(data[k], t) and not (t is int and isinstance(data[k], bool))
+            for k, t in SAVE_KEYS.items()):
         raise QueueError(f"record: {path} is not a pyhpc queue record (keys: "
                          f"{', '.join(SAVE_KEYS)})", "record")
     return data

@@ -8,7 +8,10 @@ from its checkpoint), any other cancelled, both recorded. restore: every recorde
 submitted again as its user (a job pyhpc submitted through submitit with ``pyhpc
 resubmit``), dependencies remapped, user holds put back, the reservation removed. Both
 may run again: save records a job once, restore submits a job once
-(:mod:`pyhpc.admin.queue_store`). docs/admin/upgrades.md says what each step does.
+(:mod:`pyhpc.admin.queue_store`). save also records the first job id no old job had
+(slurmctld's next one, above every id in accounting): the deploy sets FirstJobId from it,
+and restore refuses a slurmctld that started empty below it. docs/admin/upgrades.md says
+what each step does.
 """
 from __future__ import annotations
 
@@ -163,6 +166,47 @@ def _refresh(jobs: list[dict[str, Any]], saved: dict[str, SavedJob], top: Path) 
             store.write_job(top, saved[old.job_id])
 
 
+def above_accounting(state: dict[str, Any]) -> int:
+    """The first job id above every id in accounting, at least the one an earlier run
+    recorded. Where slurmdbd does not answer (being upgraded), an earlier run's stands;
+    with none, one line and nothing changed."""
+    earlier = int(state[store.FIRST_JOB_ID])
+    if ctl.config().get("AccountingStorageType") == "accounting_storage/none":
+        return earlier
+    try:
+        return max(earlier, ctl.highest_accounted_id() + 1)
+    except slurm.SlurmError as exc:
+        if earlier:
+            return earlier
+        raise QueueError(f"accounting: {exc}; save needs the highest job id in accounting "
+                         "once, so that new jobs start above it: run it while slurmdbd "
+                         "answers", "accounting") from None
+
+
+def job_ids(state: dict[str, Any]) -> dict[str, int]:
+    """save.json's ids, with slurmctld's next job id now: the lowest id safe for the new
+    slurmctld's jobs (FirstJobId), and that next id (restore tells by it whether
+    slurmctld kept its state)."""
+    next_id = ctl.config_number(ctl.config(), "NEXT_JOB_ID")
+    return {store.FIRST_JOB_ID: max(state[store.FIRST_JOB_ID], next_id),
+            "next_job_id": max(state["next_job_id"], next_id)}
+
+
+def check_job_ids(state: dict[str, Any], conf: dict[str, str]) -> None:
+    """Refused where slurmctld started without its state and below the recorded first
+    job id: its new jobs would take ids old jobs have in accounting, in users' folders
+    and in jobstats' files. A slurmctld that kept its state counts on from where save saw
+    it (its FirstJobId below that), and passes."""
+    floor = state[store.FIRST_JOB_ID]
+    next_id = ctl.config_number(conf, "NEXT_JOB_ID")
+    kept = next_id >= state["next_job_id"] > ctl.config_number(conf, "FirstJobId")
+    if floor and next_id < floor and not kept:
+        raise QueueError(f"FirstJobId: slurmctld's next job id is {next_id}, below {floor}, the "
+                         f"first id no old job had; set FirstJobId={floor} in slurm.conf (the "
+                         "deploy does, from this record) and restart slurmctld, then restore "
+                         "(nothing was submitted)", "FirstJobId")
+
+
 def save(deadline: str | None, where: Path = paths.UPGRADE_QUEUE,
          clock: Callable[[], float] = time.time,
          sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
@@ -177,8 +221,10 @@ def save(deadline: str | None, where: Path = paths.UPGRADE_QUEUE,
     if seconds is None and not store.read_save(where)["deadline_at"]:
         raise QueueError("--deadline: required on the first save (how long running jobs may "
                          "go on: seconds, or a number and s, m, h or d, up to 7d)", "--deadline")
+    accounted = above_accounting(store.read_save(where))
     top = store.make(where)
     state = store.read_save(top)
+    state[store.FIRST_JOB_ID] = max(state[store.FIRST_JOB_ID], accounted)
     if ctl.blocked() and not state["reservation_made"]:
         raise QueueError(f"reservation: {ctl.RESERVATION} exists and this record did not make "
                          "it; pyhpc changes only what it made (delete it with scontrol "
@@ -201,10 +247,10 @@ def save(deadline: str | None, where: Path = paths.UPGRADE_QUEUE,
             _at_deadline(jobs, saved, top, state_dir)
         sleep(POLL_S)
     _refresh(jobs, saved, top)
-    state["saved"] = True
+    state.update(job_ids(state), saved=True)
     store.write_save(top, state)
     return {"record": str(top), "reservation": ctl.RESERVATION,
-            "seconds": round(clock() - began, 1),
+            "seconds": round(clock() - began, 1), "first_job_id": state[store.FIRST_JOB_ID],
             "jobs": [_row(s) for s in sorted(saved.values(), key=lambda s: int(s.job_id))]}
 
 
@@ -277,6 +323,7 @@ def restore(where: Path = paths.UPGRADE_QUEUE,
     if not state["saved"]:
         raise QueueError("record: save did not finish (running jobs were still waited for); "
                          "run pyhpc admin upgrade queue save again first", "record")
+    check_job_ids(state, ctl.config())
     began = clock()
     made = ctl.block()  # nothing starts until every job is back with its holds
     live = {_job_id(j): j for j in ctl.jobs()}
@@ -301,5 +348,6 @@ def text(done: dict[str, Any], restoring: bool = False) -> str:
             f"{len(done['jobs'])} recorded jobs in {done['seconds']} s; record {done['record']}"
             if restoring else
             f"saved {len(done['jobs'])} jobs in {done['seconds']} s into {done['record']}; no "
-            f"job starts while reservation {done['reservation']} is there (restore removes it)")
+            f"job starts while reservation {done['reservation']} is there (restore removes it); "
+            f"the new slurmctld's FirstJobId: {done['first_job_id']} (the deploy sets it)")
     return "\n".join([head, *lines])

@@ -34,6 +34,8 @@ ENV_LIMIT = 4 * 1024 * 1024
 EXPORT_DIR = "/run"
 #: The upgrade's maintenance reservation: no job starts on any node while it is there.
 RESERVATION = "pyhpc-upgrade"
+#: sacct over all of accounting's years: far longer than a usual query.
+ACCOUNTING_TIMEOUT_S = 600.0
 
 
 def jobs() -> list[dict[str, Any]]:
@@ -109,13 +111,36 @@ def _as(user: str, argv: Sequence[str]) -> list[str]:
             "LANG=C.UTF-8", *argv]
 
 
-def state_dir() -> Path:
-    """slurmctld's StateSaveLocation (``scontrol show config``)."""
-    found = re.search(r"^StateSaveLocation\s*=\s*(/\S*)",
-                      slurm.run(["scontrol", "show", "config"]).stdout, re.MULTILINE)
-    if not found:
+def config() -> dict[str, str]:
+    """``scontrol show config`` as KEY -> value, one per ``KEY = value`` line: ONE call."""
+    found = re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", slurm.run(["scontrol", "show", "config"]).stdout,
+                       re.MULTILINE)
+    return dict(found)
+
+
+def state_dir(conf: dict[str, str] | None = None) -> Path:
+    """slurmctld's StateSaveLocation (``scontrol show config``, or ``conf`` read from it)."""
+    value = (config() if conf is None else conf).get("StateSaveLocation", "")
+    if not value.startswith("/"):
         raise slurm.SlurmError("scontrol: show config names no StateSaveLocation", "scontrol")
-    return Path(found.group(1))
+    return Path(value.split()[0])
+
+
+def config_number(conf: dict[str, str], key: str) -> int:
+    """A whole number of ``scontrol show config`` (``NEXT_JOB_ID``, ``FirstJobId``)."""
+    value = conf.get(key, "")
+    if not value.isdigit():
+        raise slurm.SlurmError(f"scontrol: show config gives no number for {key}", "scontrol")
+    return int(value)
+
+
+def highest_accounted_id() -> int:
+    """The highest job id accounting holds of this cluster, every user's, over all time
+    (0: none): ONE sacct call. Without -X: Slurm 22.05's sacct -X leaves out array tasks
+    that ran, whose own ids are then only on their steps' lines (``128.batch``)."""
+    proc = slurm.run(["sacct", "-a", "-n", "-P", "-o", "JobIDRaw", "-S", "1970-01-01T00:00:00",
+                      "-E", "now"], timeout_s=ACCOUNTING_TIMEOUT_S)
+    return max((int(m) for m in re.findall(r"^(\d+)", proc.stdout, re.MULTILINE)), default=0)
 
 
 def environment(job_id: str, where: Path) -> list[str] | None:

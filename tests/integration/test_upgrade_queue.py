@@ -7,11 +7,14 @@ Root runs `pyhpc admin upgrade queue save` with a short deadline: the pending jo
 recorded and held, the train job is requeued and held, the plain one cancelled, and
 nothing runs. The jump's state loss exactly as the upgrade meets it: slurmctld stopped,
 its StateSaveLocation moved aside (kept), slurmctld started on an empty one. Then
-`restore`: every pending job is back as its user with its script and options, under new
-ids it lists, the dependency on the held job's new id, the user's hold kept, the array's
-tasks pending; the training resumes and runs each epoch once; a second restore submits
-nothing; the held job, released, runs with the variable and umask it was submitted with.
-The lab is put back whatever happens: the original state, no job left.
+`restore`, which refuses in one line: the empty slurmctld would number jobs from 1, ids
+old jobs have. The deploy, limited to the slurm role, sets FirstJobId from save's record;
+then `restore`: every pending job is back as its user with its script and options, under
+new ids above every old one, which it lists, the dependency on the held job's new id, the
+user's hold kept, the array's tasks pending; the training resumes and runs each epoch
+once; a second restore submits nothing; the held job, released, runs with the variable
+and umask it was submitted with.
+The lab is put back whatever happens: the original state and slurm.conf, no job left.
 
 Real slurmctld, slurmd, slurmdbd, sbatch as the users, runuser and pyhpc. Jobs run the
 deployed pyhpc (train, resubmit), which this command does not change; the command itself
@@ -39,6 +42,12 @@ from pyhpc.slurm import queue_control
 pytestmark = pytest.mark.integration  # not alone: as test_lost_jobs, its restarts touch only the lab
 
 EPOCHS = 8
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+#: `make deploy` limited to the slurm role, with site.yml's own switches: every other play
+#: off, and slurm.conf's job-end record kept as the whole deploy renders it.
+SLURM_ONLY = {**{f"pyhpc_deploy_{role}": False for role in (
+    "nfs", "login", "jupyterhub", "nvidia", "directory", "munge", "containers", "monitoring",
+    "backup")}, "slurm_jobstats_record": True}
 #: The fields of `scontrol show job` a resubmitted job must have as its old one had them.
 SAME = ("JobName", "UserId", "Partition", "Account", "QOS", "TimeLimit", "NumNodes",
         "NumTasks", "CPUs/Task", "MinMemoryNode", "MinMemoryCPU", "Comment", "StdOut", "StdErr",
@@ -83,19 +92,40 @@ def wait_for(what: str, done: Callable[[], bool], timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
+def deploy_slurm() -> None:
+    """The deploy of the slurm role (site.yml, its other plays switched off), as root."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(paths.ROOT / "ansible" / "ansible.cfg"))
+    began = time.monotonic()
+    proc = subprocess.run([str(paths.ROOT / ".venv" / "bin" / "ansible-playbook"), "-e",
+                           f"pyhpc_cluster_file={paths.LAB_CLUSTER}", "-e", json.dumps(SLURM_ONLY),
+                           str(paths.ROOT / "ansible" / "site.yml")],
+                          capture_output=True, text=True, timeout=600, env=env, check=False)
+    print(f"deploy of the slurm role: {time.monotonic() - began:.1f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
 @pytest.fixture
 def lab_put_back() -> Iterator[dict[str, list[str]]]:
     """The jobs the test makes, old and new, cancelled and the original StateSaveLocation
-    in place with slurmctld on it, whatever happens; the test's record removed."""
+    and slurm.conf (no FirstJobId) in place with slurmctld on them, whatever happens; the
+    test's record removed."""
     record = paths.UPGRADE_QUEUE
     assert not os.path.lexists(record), f"{record} exists: an admin's queue record, left alone"
     assert not queue_control.blocked(), "reservation pyhpc-upgrade exists: not this test's"
     made: dict[str, list[str]] = {"old": [], "new": [], "aside": []}
+    conf = SLURM_CONF.read_bytes()
     try:
         yield made
     finally:
         if made["new"]:
             sh("scancel", *made["new"], check=False)
+        # slurm.conf back first (without FirstJobId): slurmctld starts on the old state with it.
+        conf_changed = SLURM_CONF.read_bytes() != conf
+        if conf_changed:
+            temp = SLURM_CONF.with_name(".slurm.conf.pyhpc-test")
+            temp.write_bytes(conf)
+            temp.chmod(0o644)
+            temp.replace(SLURM_CONF)
         if made["aside"]:
             state_dir, aside = Path(made["aside"][0]), Path(made["aside"][1])
             sh("service", "pyhpc-slurmctld", "stop")
@@ -103,11 +133,19 @@ def lab_put_back() -> Iterator[dict[str, list[str]]]:
             aside.rename(state_dir)
             sh("service", "pyhpc-slurmctld", "start")
             controller_up()
+        elif conf_changed:
+            sh("service", "pyhpc-slurmctld", "restart")
+            controller_up()
+        if conf_changed:  # the deploy restarted them on its slurm.conf
+            sh("service", "pyhpc-slurmd", "restart")
         if made["old"]:
             sh("scancel", *made["old"], check=False)
         if queue_control.blocked():
             sh("scontrol", "delete", f"ReservationName={queue_control.RESERVATION}", check=False)
         shutil.rmtree(record, ignore_errors=True)
+        if conf_changed:  # idle, not maint: after the reservation
+            wait_for("the nodes did not come back",
+                     lambda: "idle" in sh("sinfo", "-h", "-o", "%t").stdout)
 
 
 def lose_the_state(made: dict[str, list[str]]) -> None:
@@ -168,12 +206,27 @@ def test_the_queue_survives_the_state_loss_of_an_unsupported_jump(
     lose_the_state(made)
     assert not sh("squeue", "-h", "-o", "%i").stdout.split()
 
+    # Numbered from 1 again, new jobs would take old ones' ids: restore refuses, does nothing.
+    first = json.loads((paths.UPGRADE_QUEUE / "save.json").read_text())["first_job_id"]
+    assert first == saved["first_job_id"] > max(int(j) for j in made["old"])
+    refused = admin("restore", check=False)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("pyhpc: error: FirstJobId: ")
+    assert f"set FirstJobId={first} in slurm.conf" in refused.stderr
+    assert not sh("squeue", "-h", "-o", "%i").stdout.split() and not queue_control.blocked()
+    assert not (paths.UPGRADE_QUEUE / "restored.json").exists()
+
+    deploy_slurm()
+    assert f"\nFirstJobId={first}\n" in SLURM_CONF.read_text()
+    assert int(config("NEXT_JOB_ID")) == first
+
     began = time.monotonic()
     restored = json.loads(admin("restore", "--json").stdout)
     print(f"restore: {time.monotonic() - began:.1f} s; {restored['restored']}")
     new = restored["restored"]
     made["new"] += list(new.values())
     assert sorted(new) == sorted([train, held, after, array]), restored
+    assert min(int(j) for j in new.values()) >= first  # above every old job's id
     assert next(r for r in restored["jobs"] if r["job_id"] == plain)["new_job_id"] is None
     assert not queue_control.blocked()
     for old, before in pending.items():

@@ -262,7 +262,9 @@ def test_the_admins_table_lists_each_job_and_old_to_new_ids() -> None:
     rows = [{"job_id": "5", "user": "user1", "name": "a", "fate": "held", "held": "user"},
             {"job_id": "6", "user": "user2", "name": "b", "fate": "cancelled", "held": ""}]
     saved_text = upgrade_queue.text({"record": "/r", "reservation": "pyhpc-upgrade",
-                                     "seconds": 1.0, "jobs": rows})
+                                     "seconds": 1.0, "jobs": rows, "first_job_id": 400})
+    assert saved_text.splitlines()[0].endswith("the new slurmctld's FirstJobId: 400 (the "
+                                               "deploy sets it)")
     assert saved_text.splitlines()[1:] == ["5\tuser1\ta\theld, held by its user",
                                            "6\tuser2\tb\tcancelled"]
     restored = [{**rows[0], "new_job_id": "1", "note": ""},
@@ -272,3 +274,133 @@ def test_the_admins_table_lists_each_job_and_old_to_new_ids() -> None:
     assert text.splitlines() == ["restored 1 of 2 recorded jobs in 1.0 s; record /r",
                                  "5 -> 1\tuser1\ta",
                                  "6 -> -\tuser2\tb\tcancelled at save's deadline"]
+
+
+#: `scontrol show config` of the lab (22.05), trimmed; and its sacct over all time: an array
+#: whose tasks ran (their own ids only on their steps' lines) and a job of an earlier
+#: state loss, far above slurmctld's next id.
+CONFIG = """Configuration data as of 2026-12-07T05:20:01
+AccountingStorageType   = accounting_storage/slurmdbd
+FirstJobId              = 1
+NEXT_JOB_ID             = 392
+StateSaveLocation       = /var/spool/slurmctld
+"""
+SACCT = "127\n127.batch\n128.batch\n129.batch\n391\n391.batch\n391.0\n60023339\n"
+
+
+def answers(monkeypatch: pytest.MonkeyPatch, config: str = CONFIG,
+            sacct: str | None = SACCT) -> list[list[str]]:
+    """Slurm's canned answers to `scontrol show config` and to sacct (None: slurmdbd does
+    not answer); any other command still fails the test. Returns the commands asked."""
+    asked: list[list[str]] = []
+
+    def runner(argv: list[str], stdin: object, timeout: object) -> subprocess.CompletedProcess[str]:
+        asked.append(list(argv))
+        if argv[:3] == ["scontrol", "show", "config"]:
+            return subprocess.CompletedProcess(argv, 0, config, "")
+        if argv[0] == "sacct":
+            return subprocess.CompletedProcess(argv, 1 if sacct is None else 0, sacct or "",
+                                               "sacct: error: Problem talking to the database")
+        raise AssertionError(f"a unit test ran a Slurm command: {argv}")
+    monkeypatch.setattr(slurm, "RUNNER", runner)
+    return asked
+
+
+def fresh(**values: int) -> dict[str, object]:
+    return {"reservation_made": False, "saved": False, "deadline_at": 0, "started_at": 0,
+            "first_job_id": 0, "next_job_id": 0, **values}
+
+
+def test_scontrol_show_config_is_read_once_into_its_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = answers(monkeypatch)
+    conf = queue_control.config()
+    assert queue_control.config_number(conf, "NEXT_JOB_ID") == 392
+    assert queue_control.state_dir(conf) == Path("/var/spool/slurmctld") and len(asked) == 1
+    with pytest.raises(slurm.SlurmError, match="^scontrol: show config gives no number for MaxJobId"):
+        queue_control.config_number(conf, "MaxJobId")
+
+
+def test_the_first_job_id_is_above_slurmctlds_next_and_every_id_in_accounting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = answers(monkeypatch)
+    assert upgrade_queue.above_accounting(fresh()) == 60023340
+    assert [a for a in asked if a[0] == "sacct"][0][:5] == ["sacct", "-a", "-n", "-P", "-o"]
+    assert upgrade_queue.job_ids(fresh(first_job_id=60023340)) == {
+        "first_job_id": 60023340, "next_job_id": 392}
+    answers(monkeypatch, sacct="128.batch\n129.batch\n")  # array tasks: their steps' ids
+    assert upgrade_queue.above_accounting(fresh()) == 130
+    assert upgrade_queue.job_ids(fresh(first_job_id=130)) == {"first_job_id": 392,
+                                                              "next_job_id": 392}
+
+
+def test_a_later_save_raises_the_first_job_id_and_never_lowers_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    answers(monkeypatch, sacct="")
+    assert upgrade_queue.above_accounting(fresh(first_job_id=500)) == 500
+    assert upgrade_queue.job_ids(fresh(first_job_id=300, next_job_id=300)) == {
+        "first_job_id": 392, "next_job_id": 392}
+    assert upgrade_queue.job_ids(fresh(first_job_id=500, next_job_id=392))["first_job_id"] == 500
+
+
+def test_accounting_not_answering_stops_only_a_first_save(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers(monkeypatch, sacct=None)
+    with pytest.raises(QueueError, match="^accounting: sacct: .*; save needs the highest job id "
+                                         "in accounting once"):
+        upgrade_queue.above_accounting(fresh())
+    assert upgrade_queue.above_accounting(fresh(first_job_id=60023340)) == 60023340
+    off = CONFIG.replace("accounting_storage/slurmdbd", "accounting_storage/none")
+    asked = answers(monkeypatch, config=off, sacct=None)
+    assert upgrade_queue.above_accounting(fresh()) == 0 and [a[0] for a in asked] == ["scontrol"]
+
+
+@root_only
+def test_a_first_save_without_accounting_is_one_line_and_makes_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    asked = answers(monkeypatch, sacct=None)
+    with pytest.raises(QueueError, match="^accounting: "):
+        upgrade_queue.save("0", tmp_path / "queue")
+    assert not (tmp_path / "queue").exists() and [a[0] for a in asked] == ["scontrol", "sacct"]
+
+
+def conf(next_id: int, first: int = 1) -> dict[str, str]:
+    return {"NEXT_JOB_ID": str(next_id), "FirstJobId": str(first)}
+
+
+def test_restore_refuses_a_slurmctld_started_empty_below_the_first_job_id() -> None:
+    state = fresh(saved=True, first_job_id=60023340, next_job_id=400)
+    for running in (conf(1), conf(5000, first=5000), conf(60023339, first=60023339)):
+        with pytest.raises(QueueError, match=r"^FirstJobId: slurmctld's next job id is \d+, "
+                                             r"below 60023340, .* set FirstJobId=60023340 in "):
+            upgrade_queue.check_job_ids(state, running)
+    upgrade_queue.check_job_ids(state, conf(60023340, first=60023340))  # the deploy's
+    upgrade_queue.check_job_ids(state, conf(60023345, first=60023340))
+    upgrade_queue.check_job_ids(state, conf(400))  # slurmctld kept its state: it counts on
+    upgrade_queue.check_job_ids(state, conf(412))
+    upgrade_queue.check_job_ids(fresh(saved=True), conf(1))  # a record from before the key
+
+
+@root_only
+def test_a_refused_restore_submits_nothing_and_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    top = store.make(tmp_path / "queue")
+    store.write_save(top, fresh(saved=True, reservation_made=True, first_job_id=60023340,
+                                next_job_id=400))
+    store.write_job(top, saved())
+    before = sorted((p.name, p.read_bytes()) for p in top.rglob("*") if p.is_file())
+    asked = answers(monkeypatch)
+    with pytest.raises(QueueError, match="^FirstJobId: .* set FirstJobId=60023340 in slurm.conf"):
+        upgrade_queue.restore(top)
+    assert [a[:3] for a in asked] == [["scontrol", "show", "config"]]
+    assert sorted((p.name, p.read_bytes()) for p in top.rglob("*") if p.is_file()) == before
+
+
+@root_only
+def test_a_record_written_before_the_job_ids_reads_as_none_recorded(tmp_path: Path) -> None:
+    top = store.make(tmp_path / "queue")
+    old = {k: v for k, v in fresh(saved=True).items() if k not in store.LATER_KEYS}
+    (top / store.SAVE).write_text(json.dumps(old))
+    (top / store.SAVE).chmod(0o600)
+    assert store.read_save(top) == fresh(saved=True)
+    (top / store.SAVE).write_text(json.dumps({**old, "first_job_id": "60023340"}))
+    with pytest.raises(QueueError, match="is not a pyhpc queue record"):
+        store.read_save(top)
