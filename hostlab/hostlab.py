@@ -98,8 +98,11 @@ SECURITY = "http://deb.debian.org/debian-security"
 #: openssh-server: Ansible connects as to a real host.
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo", "iproute2",
             "iputils-ping", "procps", "ca-certificates", "less", "rsync", "openssh-server")
-RUN_FLAGS = ("--systemd", "always", "--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE",
-             "--cap-add", "SYS_NICE", "--no-hosts")
+#: `--restart always`: a host that reboots (`systemctl reboot`, as a release upgrade does)
+#: comes back, as a real one does; `podman kill` and `podman stop` (a host lost, or turned
+#: off) leave it down, as podman applies no restart policy to them.
+RUN_FLAGS = ("--systemd", "always", "--restart", "always", "--cap-add", "SYS_ADMIN",
+             "--cap-add", "SYS_PTRACE", "--cap-add", "SYS_NICE", "--no-hosts")
 #: Systemd states after boot: done (booted) and still booting.
 BOOTED = ("running", "degraded")
 BOOTING = ("initializing", "starting", "offline", "unknown", "")
