@@ -19,8 +19,8 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-backup bench-hostlab bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
-	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down
+.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-backup bench-hostlab bench-upgrade-hosts bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
+	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down debian-release
 
 help: ## Print this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -90,6 +90,12 @@ undeploy: venv-deploy ## Every role absent: stop every pyhpc daemon; PURGE=1 als
 	@mkdir -p $(dir $(DEPLOY_LOG))
 	$(ANSIBLE_PLAYBOOK) -e pyhpc_purge=$(if $(PURGE),true,false) $(ANSIBLE_FLAGS) ansible/undeploy.yml 2>&1 | tee .deploy/undeploy.log
 
+# One step of the upgrade to Debian 13 (docs/admin/upgrades.md): HOSTS, an inventory
+# pattern, move in place; PROXY=URL: apt fetches through a site's cache or proxy.
+debian-release: venv-deploy ## Move HOSTS (db, then ctl, compute, login) in place to Debian 13; Slurm's daemons stay masked (PROXY=URL: apt through a cache).
+	$(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e debian_release_hosts='$(HOSTS)' \
+		-e debian_release_apt_proxy='$(PROXY)' $(ANSIBLE_FLAGS) ansible/release.yml
+
 status: venv ## Check the running cluster (pyhpc doctor): munge, slurmctld, slurmdbd, nodes, a 2-node job, sacct.
 	$(PY) -m pyhpc doctor
 
@@ -113,6 +119,9 @@ bench-deep: venv lab-up ## Benchmark the deep model: pipeline stages vs unsplit,
 
 bench-crash: venv lab-up ## Benchmark the controller-crash window: accepted jobs that survive a slurmctld killed 0-30 s after a burst (~15 min; TARGET=hostlab for hostlab as it is up).
 	$(PY) -m benchmarks.crash --target $(or $(TARGET),lab)
+
+bench-upgrade-hosts: venv ## Benchmark hosts moved in place to Debian 13 on hostlab's Debian 12 hosts (HOSTLAB_RELEASE=bookworm make hostlab first): each host's time, apt's downloads, a package cache (~15 min; ends with hostlab-down).
+	$(PY) -m benchmarks.upgrade_hosts
 
 bench-takeover: venv ## Benchmark a backup controller's takeover on hostlab as test_hostlab_takeover.py leaves it: ctl killed 3 times (~10 min).
 	$(PY) -m benchmarks.takeover

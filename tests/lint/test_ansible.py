@@ -11,7 +11,7 @@ import pytest
 from pyhpc import paths
 
 BIN = Path(sys.executable).parent
-PLAYBOOKS = ["ansible/site.yml", "ansible/validate.yml", "ansible/undeploy.yml"]
+PLAYBOOKS = ["ansible/site.yml", "ansible/validate.yml", "ansible/undeploy.yml", "ansible/release.yml"]
 
 
 def _run(argv: list[str], cwd: Path = paths.ROOT) -> subprocess.CompletedProcess[str]:
