@@ -333,6 +333,28 @@ TABLES = [
                                    for n, s in f["replayed_seconds"].items())),
            Row("seconds each 1,000 more job records add",
                lambda f: num(f["replayed_seconds_per_1000_more_jobs"], "s", 3))]),
+    Table("upgrade-hosts", "Hosts moved in place to Debian 13, hostlab",
+          "hostlab's six Debian 12 hosts as a deploy leaves them, each moved by `make "
+          "debian-release` (sources, apt's two steps, a reboot), one after another: cpu1 "
+          "from the mirror, gpu1 through an apt-cacher-ng on ctl, empty, gpu2 "
+          "through it warm, then db, ctl and login through it. Only the hosts: no "
+          "database conversion, no queue.",
+          "`make bench-upgrade-hosts` (after `HOSTLAB_RELEASE=bookworm make hostlab`; "
+          "~15 min)",
+          [Row("each host's move", lambda f: ", ".join(
+               f"{r['host']} {num(r['move_s'], 's', 0)}" for r in f["moves"])),
+           Row("apt's downloads, each host", lambda f: ", ".join(
+               f"{r['host']} {num(r['apt_fetched_bytes'] / 1e6, 'MB', 0)}"
+               for r in f["moves"])),
+           Row("a compute host's move through the warm cache / from the mirror",
+               lambda f: num(f["summary"]["warm_cache_move_ratio"], digits=2)),
+           Row("through the empty cache / from the mirror",
+               lambda f: num(f["summary"]["cold_cache_move_ratio"], digits=2)),
+           Row("bytes from the mirror through the cache / apt's downloads",
+               lambda f: num(f["summary"]["mirror_bytes_through_cache_vs_without"],
+                             digits=2)),
+           Row("all six moves, one after another",
+               lambda f: num(f["summary"]["all_moves_s"] / 60, "min"))]),
     Table("monitoring", "Monitoring's cost",
           "A training job's samples/s with monitoring on and off (ABBA); each exporter's "
           "scrape at 4 and 68 nodes; Slurm commands per scrape with 1,000 jobs queued.",
