@@ -58,7 +58,8 @@ def deployed_debian_12() -> bool:
     rows = status()
     if any(rows.get(host, {}).get("state") != "running" for host in HOSTS):
         return False
-    return (looks()["release"] == "bookworm" and looks()["slurmd"] == "active"
+    host = looks()
+    return (host["release"] == "bookworm" and host["slurmd"] == "active"
             and node_states().get("cpu1") == "idle")
 
 

@@ -4,14 +4,13 @@ FirstJobId only where the record is. Without one, slurm.conf is as its golden fi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import pytest
 import yaml
 from test_slurm_templates import ROLE, context, render
+from test_upgrade_queue import root_only
 
 from pyhpc import paths
 from pyhpc.admin import queue_store as store
@@ -33,7 +32,7 @@ def test_the_role_reads_the_record_where_pyhpc_writes_it() -> None:
     assert Path(ROLE_VARS["slurm_queue_record_file"]) == paths.UPGRADE_QUEUE / store.SAVE
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's: needs root")
+@root_only
 def test_the_role_takes_the_first_job_id_from_saves_own_record(tmp_path: Path) -> None:
     top = store.make(tmp_path / "queue")
     store.write_save(top, {**store.read_save(top), store.FIRST_JOB_ID: 60023340,
