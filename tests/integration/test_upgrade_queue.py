@@ -38,6 +38,7 @@ from test_lost_jobs import config, controller_up
 
 from pyhpc import paths
 from pyhpc.slurm import queue_control
+from tests.unit.roleplay import other_plays_off
 
 pytestmark = pytest.mark.integration  # not alone: as test_lost_jobs, its restarts touch only the lab
 
@@ -45,9 +46,7 @@ EPOCHS = 8
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 #: `make deploy` limited to the slurm role, with site.yml's own switches: every other play
 #: off, and slurm.conf's job-end record kept as the whole deploy renders it.
-SLURM_ONLY = {**{f"pyhpc_deploy_{role}": False for role in (
-    "nfs", "login", "jupyterhub", "nvidia", "directory", "munge", "containers", "monitoring",
-    "backup")}, "slurm_jobstats_record": True}
+SLURM_ONLY = {**other_plays_off("slurm"), "slurm_jobstats_record": True}
 #: The fields of `scontrol show job` a resubmitted job must have as its old one had them.
 SAME = ("JobName", "UserId", "Partition", "Account", "QOS", "TimeLimit", "NumNodes",
         "NumTasks", "CPUs/Task", "MinMemoryNode", "MinMemoryCPU", "Comment", "StdOut", "StdErr",
