@@ -3,8 +3,9 @@ cause is undone, read from Prometheus' own alerts API (test_monitoring's helpers
 
 The lab scrapes every 5 s and every alert waits 30 s (its definition's monitoring
 section), so each test takes about a minute. Every test puts the lab back whatever
-happens: the stand-in GPU back, slurmdbd started, the filesystem unmounted, the runaway
-record closed, the backup role's interval file as the deploy wrote it.
+happens: the stand-in GPU back (gpu2 resumed, should the health check have drained it),
+slurmdbd started, the filesystem unmounted, the runaway record closed, the backup role's
+interval file as the deploy wrote it.
 SlurmNodeDrained is seen in test_monitoring.py; SlurmNodeDown and ExporterDown on hostlab
 (test_hostlab_monitoring.py). JobGpusIdle needs NVML's utilization, which the lab's
 stand-ins do not have (tests/unit/test_alert_rules.py runs it through promtool).
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drains import resume_ours
 from test_directory import sh
 from test_monitoring import PYHPC, api, until
 
@@ -65,6 +67,13 @@ def test_a_missing_stand_in_gpu_fires_gpus_missing_for_its_node() -> None:
     finally:
         if away.exists():
             os.rename(away, STAND_IN)
+        # Slurm's HealthCheckProgram (every 300 s on the lab) drains gpu2 if it ran while
+        # the GPU was away, as on a real host; an admin resumes it once the GPU is back.
+        # A run still going may have read the device files before: let it end first.
+        until("no health check running", lambda: subprocess.run(
+            ["pgrep", "-f", "/usr/local/sbin/pyhpc-healthcheck"], capture_output=True, check=False,
+        ).returncode == 1, timeout=60)
+        resume_ours(["gpu2"])
 
 
 def fill(folder: Path) -> None:

@@ -11,11 +11,11 @@ import json
 import os
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from drains import node_fields, resume_ours
 
 from pyhpc import cluster, paths
 
@@ -34,41 +34,18 @@ def sh(*argv: str, env: dict[str, str] | None = None, timeout: int = 600,
                           check=False)
 
 
-def node_fields(node: str) -> dict[str, str]:
-    """``scontrol show node -o NODE``: State, and Reason in full (it has spaces)."""
-    out = sh("scontrol", "show", "node", "-o", node).stdout
-    fields = dict(word.split("=", 1) for word in out.split() if "=" in word)
-    if " Reason=" in out:
-        fields["Reason"] = out.split(" Reason=", 1)[1].strip()
-    return fields
-
-
 def fake_tool(folder: Path, name: str, body: str) -> None:
     path = folder / name
     path.write_text(f"#!/bin/sh\n{body}\n")
     path.chmod(0o755)
 
 
-#: The reasons pyhpc drains with (a node drained for another reason is left alone).
-OURS = ("pyhpc doctor:", "pyhpc-healthcheck:")
-
-
 @pytest.fixture
 def resume() -> Iterator[list[str]]:
-    """Nodes a test may drain: resumed afterwards if pyhpc drained them, so the lab stays
-    usable for the other tests."""
+    """Nodes a test may drain: resumed afterwards if pyhpc drained them."""
     nodes: list[str] = []
     yield nodes
-    for node in nodes:
-        if node_fields(node).get("Reason", "").startswith(OURS):
-            sh("scontrol", "update", f"NodeName={node}", "State=RESUME")
-            assert "DRAIN" not in node_fields(node).get("State", ""), f"{node} stayed drained"
-            # A resumed node is NOT_RESPONDING until slurmctld's ping reaches it (a second or
-            # so): the next test (a doctor run) would find it unchecked.
-            deadline = time.monotonic() + 60
-            while "NOT_RESPONDING" in node_fields(node).get("State", ""):
-                assert time.monotonic() < deadline, f"{node} still not responding after resume"
-                time.sleep(0.5)
+    resume_ours(nodes)
 
 
 def test_doctor_gpus_finds_every_gpu_node_ok(work: Path) -> None:
