@@ -171,16 +171,26 @@ def above_accounting(state: dict[str, Any]) -> int:
     recorded. Where slurmdbd does not answer (being upgraded), an earlier run's stands;
     with none, one line and nothing changed."""
     earlier = int(state[store.FIRST_JOB_ID])
-    if ctl.config().get("AccountingStorageType") == "accounting_storage/none":
+    conf = ctl.config()
+    if conf.get("AccountingStorageType") == "accounting_storage/none":
         return earlier
     try:
-        return max(earlier, ctl.highest_accounted_id() + 1)
+        first = max(earlier, ctl.highest_accounted_id() + 1)
     except slurm.SlurmError as exc:
         if earlier:
             return earlier
         raise QueueError(f"accounting: {exc}; save needs the highest job id in accounting "
                          "once, so that new jobs start above it: run it while slurmdbd "
                          "answers", "accounting") from None
+    # slurmctld's counter goes back to FirstJobId after MaxJobId: once it has, old jobs
+    # hold ids up to the top, and no id is above all of them.
+    top = conf.get("MaxJobId", "")
+    if top.isdigit() and first >= int(top):
+        raise QueueError(f"MaxJobId: accounting holds job ids up to {first - 1}, slurmctld's "
+                         f"MaxJobId ({top}): its job ids have wrapped, and no id is above every "
+                         "old job's; purge or archive the old job records (sacctmgr archive "
+                         "dump), then save (nothing was changed)", "MaxJobId")
+    return first
 
 
 def job_ids(state: dict[str, Any]) -> dict[str, int]:

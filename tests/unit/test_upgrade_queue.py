@@ -330,6 +330,19 @@ def test_a_later_save_raises_the_first_job_id_and_never_lowers_it(
     assert upgrade_queue.job_ids(fresh(first_job_id=500, next_job_id=392))["first_job_id"] == 500
 
 
+def test_job_ids_that_wrapped_at_max_job_id_stop_save_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    top = "67043328"
+    wrapped = CONFIG + f"MaxJobId                = {top}\n"
+    answers(monkeypatch, config=wrapped, sacct=f"{int(top) - 1}\n12.batch\n")
+    with pytest.raises(QueueError, match=rf"^MaxJobId: accounting holds job ids up to "
+                                         rf"{int(top) - 1}, slurmctld's MaxJobId \({top}\): its "
+                                         "job ids have wrapped"):
+        upgrade_queue.above_accounting(fresh())
+    answers(monkeypatch, config=wrapped, sacct=f"{int(top) - 2}\n")  # one id left: saved
+    assert upgrade_queue.above_accounting(fresh()) == int(top) - 1
+
+
 def test_accounting_not_answering_stops_only_a_first_save(monkeypatch: pytest.MonkeyPatch) -> None:
     answers(monkeypatch, sacct=None)
     with pytest.raises(QueueError, match="^accounting: sacct: .*; save needs the highest job id "
