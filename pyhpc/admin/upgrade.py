@@ -6,9 +6,11 @@ too little room for the backups.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from pyhpc import paths
 from pyhpc.admin import upgrade_facts as facts_mod
 from pyhpc.admin.upgrade_facts import Facts, Host
 from pyhpc.admin.upgrade_releases import (
@@ -37,14 +39,45 @@ PHASES = (("dbd", "the accounting host: MariaDB and slurmdbd, the database conve
           ("login", "the login hosts: the Slurm clients, the hub"))
 #: Phases inside the time no job can start: until slurmctld and the nodes are back.
 BLOCKING = ("backup", "dbd", "controller", "compute")
-#: The estimate's inputs. Assumptions, not measurements: issue 46 item 8 measures them
-#: into benchmarks/results; until then the plan says that this is where they come from.
+#: The estimate's inputs, assumed. Each one a benchmark measured (RESULTS) replaces its
+#: assumption; the plan says which are which.
 ESTIMATE = {"host_upgrade_min": 20.0,        # apt full-upgrade to trixie and a reboot
             "backup_bytes_per_s": 50e6,      # mysqldump, slapcat, tar, gzip
             "conversion_s_per_1000_jobs": 5.0,  # slurmdbd's schema conversion, per step
             "restart_min": 5.0}              # daemons up, nodes resumed, jobs resubmitted
-ESTIMATE_SOURCE = ("assumed, not measured: pyhpc/admin/upgrade.py ESTIMATE (per-host "
-                   "upgrade, backup rate, conversion per 1000 job records)")
+RESULTS = paths.ROOT / "benchmarks" / "results"
+
+
+def _figures(name: str, results: Path) -> tuple[dict[str, Any], str] | None:
+    """A result file's figures and its date, or None where it is missing or unreadable."""
+    try:
+        data = json.loads((results / name).read_text())
+        return data["figures"], str(data["date"])[:10]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def estimate_inputs(results: Path = RESULTS) -> tuple[dict[str, float], str]:
+    """The estimate's inputs, measured where benchmarks/results has them, and the line that
+    says where each came from."""
+    inputs, measured = dict(ESTIMATE), []
+    if found := _figures("upgrade-hosts.json", results):
+        moves = [m["move_s"] for m in found[0]["moves"]]
+        inputs["host_upgrade_min"] = max(moves) / 60
+        measured.append(f"a host's move, the slowest of {len(moves)} (upgrade-hosts.json, "
+                        f"{found[1]})")
+    if found := _figures("backup.json", results):
+        largest = max(found[0]["runs"], key=lambda r: r["dump_bytes"])
+        inputs["backup_bytes_per_s"] = largest["dump_bytes"] / largest["backup_s"]
+        measured.append(f"the backup rate (backup.json, {found[1]})")
+    if found := _figures("upgrade-dbd.json", results):
+        inputs["conversion_s_per_1000_jobs"] = found[0]["replayed_seconds_per_1000_more_jobs"]
+        measured.append(f"the conversion per 1000 job records (upgrade-dbd.json, {found[1]})")
+    assumed = [k for k in ESTIMATE if inputs[k] == ESTIMATE[k]]
+    source = (f"measured on hostlab's container hosts ({'; '.join(measured)}): a real host's "
+              "reboot adds its firmware's time; " if measured else "")
+    source += f"assumed: {', '.join(assumed)} (pyhpc/admin/upgrade.py ESTIMATE)"
+    return inputs, source
 #: What the backups hold: part -> (the facts' size key, the command).
 BACKUPS = {"accounting": ("accounting", "mysqldump --single-transaction"),
            "directory": ("directory", "slapcat"),
@@ -157,10 +190,11 @@ def _accounting(old: str, new: str, steps: tuple[str, ...]) -> tuple[str, list[s
     through = next(r for r, v in SCHEMA.items() if v == need)
     bridges = ", ".join(sorted(r for r in UPGRADES_FROM[new] if supported(old, r)))
     return (f"slurmdbd {new} refuses {old}'s database (schema {have}; it converts {need} and "
-            f"newer): '{TOO_OLD}' Debian and PyPI ship no release both accept ({bridges}). On a "
-            f"copy from the backup, {through}'s one step from schema {have} is replayed by SQL "
-            f"(SchedMD does not support this), slurmdbd {new} converts the copy, and its jobs "
-            f"are checked against the old sacct before it replaces the database",
+            f"newer): '{TOO_OLD}' Debian and PyPI ship no release both accept ({bridges}). On "
+            f"the moved accounting host (make upgrade-accounting), after a dump, {through}'s "
+            f"one step from schema {have} is replayed by SQL (SchedMD does not support this), "
+            f"slurmdbd {new} converts the database, and every job's and step's fields are "
+            f"checked against the dump's; any failure loads the dump back",
             [f"{old} (schema {have})", f"{through}'s step by SQL (schema {need})",
              f"{new} (schema {SCHEMA.get(new, '?')})"])
 
@@ -183,18 +217,19 @@ def _drain(slurm: dict[str, Any]) -> list[dict[str, str]]:
     ]
 
 
-def _phases(found: list[Facts], total: int, job_records: int, steps: int) -> list[dict[str, Any]]:
+def _phases(found: list[Facts], total: int, job_records: int, steps: int,
+            estimate: dict[str, float]) -> list[dict[str, Any]]:
     done: set[str] = set()
-    host_min = ESTIMATE["host_upgrade_min"]
+    host_min = estimate["host_upgrade_min"]
     phases = [{"phase": "backup", "hosts": sorted({f.host.name for f in found}),
                "what": "every backup below, after the drain, before any change",
-               "minutes": round(total / ESTIMATE["backup_bytes_per_s"] / 60, 1)}]
+               "minutes": round(total / estimate["backup_bytes_per_s"] / 60, 1)}]
     for role, what in PHASES:
         names = [f.host.name for f in found if role in f.host.roles and f.host.name not in done]
         done.update(names)
         minutes = host_min if names else 0.0
         if role == "dbd" and names:
-            minutes += steps * job_records / 1000 * ESTIMATE["conversion_s_per_1000_jobs"] / 60
+            minutes += steps * job_records / 1000 * estimate["conversion_s_per_1000_jobs"] / 60
         phases.append({"phase": role, "hosts": names,
                        "what": what if names else what + " (upgraded in an earlier phase)",
                        "minutes": round(minutes, 1)})
@@ -216,9 +251,10 @@ def build(cluster: Cluster, found: list[Facts]) -> dict[str, Any]:
     job_records = sum(f.number("job_records") or 0 for f in found)
     # Conversions slurmdbd makes: one a release passed through (a replayed step is not one).
     steps = max(sum(1 for r in slurm.get("route", []) if "by SQL" not in r) - 1, 1)
-    phases = _phases(found, total, job_records, steps)
+    estimate, source = estimate_inputs()
+    phases = _phases(found, total, job_records, steps, estimate)
     window = sum(p["minutes"] for p in phases if p["phase"] in BLOCKING) \
-        + ESTIMATE["restart_min"]
+        + estimate["restart_min"]
     return {
         "cluster": cluster.name,
         "debian": {"now": f"{DEBIAN[codename].number} ({codename})",
@@ -236,7 +272,7 @@ def build(cluster: Cluster, found: list[Facts]) -> dict[str, Any]:
         "no_job_can_start": {"minutes": round(window, 1),
                              "phases": [p["phase"] for p in phases
                                         if p["phase"] in BLOCKING and p["minutes"]],
-                             "source": ESTIMATE_SOURCE},
+                             "source": source},
     }
 
 

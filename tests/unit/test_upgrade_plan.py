@@ -2,7 +2,9 @@
 parses them; the lab's integration test runs the real probe."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -68,7 +70,23 @@ def test_the_plan_from_22_05_holds_pending_jobs_and_does_not_carry_the_state_ove
     assert p["hosts"][0]["versions"]["mariadb"] == {"now": "10.11.19", "after": "11.8"}
     assert p["backup_bytes"] == 1000 + 200 + 128 + 50 + 300
     assert {b["what"] for b in p["backups"]} == set(plan.BACKUPS)
-    assert "assumed, not measured" in p["no_job_can_start"]["source"]
+    assert p["no_job_can_start"]["source"].startswith("measured on hostlab's container hosts")
+
+
+def test_the_estimate_takes_the_benchmarks_figures_and_says_what_is_assumed(
+        tmp_path: Path) -> None:
+    inputs, source = plan.estimate_inputs()
+    hosts = json.loads((plan.RESULTS / "upgrade-hosts.json").read_text())["figures"]["moves"]
+    assert inputs["host_upgrade_min"] == max(m["move_s"] for m in hosts) / 60
+    assert inputs["restart_min"] == plan.ESTIMATE["restart_min"]
+    for name in ("upgrade-hosts.json", "backup.json", "upgrade-dbd.json"):
+        assert name in source
+    assert source.endswith("assumed: restart_min (pyhpc/admin/upgrade.py ESTIMATE)")
+    # Without the results (or with one unreadable): the assumptions, and the line says so.
+    (tmp_path / "backup.json").write_text("{not json")
+    assert plan.estimate_inputs(tmp_path) == (plan.ESTIMATE, "assumed: host_upgrade_min, "
+                                              "backup_bytes_per_s, conversion_s_per_1000_jobs, "
+                                              "restart_min (pyhpc/admin/upgrade.py ESTIMATE)")
 
 
 def test_a_supported_jump_keeps_the_queue() -> None:
