@@ -46,14 +46,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
 
 INVENTORY_DIR = paths.ROOT / "ansible" / "inventories" / "hostlab"
 NEW_HOST = "cpu2"
-#: The host test_hostlab_upgrade_release.py moves to Debian 13 in place.
-MOVED_HOST = "gpu2"
+#: The hosts test_hostlab_upgrade_release.py moves to Debian 13 in place.
+MOVED_HOSTS = ("gpu2", "db")
 
 
 def make_with(target: str, inventory: Path | None = None, timeout: int = 1800,
-              release: str = "trixie") -> tuple[str, float]:
-    """`make TARGET` for hosts of `release`, with HOSTLAB_INVENTORY=inventory where given."""
-    env = dict(os.environ, HOSTLAB_INVENTORY=str(inventory or INVENTORY_DIR), HOSTLAB_RELEASE=release)
+              release: str = "trixie", flags: str = "") -> tuple[str, float]:
+    """`make TARGET` for hosts of `release`, with HOSTLAB_INVENTORY=inventory where given
+    (and ANSIBLE_FLAGS=flags)."""
+    env = dict(os.environ, HOSTLAB_INVENTORY=str(inventory or INVENTORY_DIR), HOSTLAB_RELEASE=release,
+               ANSIBLE_FLAGS=flags)
     start = time.monotonic()
     proc = subprocess.run(["make", "--no-print-directory", target], cwd=paths.ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -104,10 +106,12 @@ def converge(release: str) -> None:
     """The repository's hostlab on hosts of `release`, converged, with no job left over."""
     # A run killed between adding a host and its teardown leaves that host up: away with it.
     _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", NEW_HOST])
-    # A host test_hostlab_upgrade_release moved in place (a run killed before its teardown)
-    # runs Debian 13 in a Debian 12 image: away with it too; up makes it again.
-    if run_on(MOVED_HOST, "test", "-e", "/var/lib/pyhpc/release").returncode == 0:
-        _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", MOVED_HOST])
+    # Hosts test_hostlab_upgrade_release moved in place run Debian 13 in a Debian 12 image:
+    # away with them; up makes them again.
+    moved = [host for host in MOVED_HOSTS
+             if run_on(host, "test", "-e", "/var/lib/pyhpc/release").returncode == 0]
+    if moved:
+        _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", *moved])
     release_hosts(release)
     env = dict(os.environ, HOSTLAB_INVENTORY=str(INVENTORY_DIR), HOSTLAB_RELEASE=release)
     _, image = bring_up("hostlab-image", env)  # a failure: one line, once (Unavailable)
@@ -118,7 +122,11 @@ def converge(release: str) -> None:
               "running: no deploy")
     else:
         mark_converged(None)
-        _, deploy = make_with("hostlab-deploy", release=release)
+        # A db made anew (moved, or repaired by up) has an empty database beside the
+        # controller's state: the deploy would hold slurmdbd for a restore. A test cluster
+        # starts it empty, as the hold's line says an admin may.
+        _, deploy = make_with("hostlab-deploy", release=release,
+                              flags="-e slurm_dbd_start_empty=true")
         mark_converged(release)
         print(f"hostlab ({release}): image {image:.1f} s, up {up:.1f} s, deploy {deploy:.1f} s")
     # What an earlier, failed test left: its jobs, and, on hosts it had (a fresh deploy must
