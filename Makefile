@@ -20,7 +20,7 @@ export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
 .PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-backup bench-hostlab bench-upgrade-hosts bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
-	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down debian-release
+	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down debian-release upgrade-accounting
 
 help: ## Print this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -95,6 +95,9 @@ undeploy: venv-deploy ## Every role absent: stop every pyhpc daemon; PURGE=1 als
 debian-release: venv-deploy ## Move HOSTS (db, then ctl, compute, login) in place to Debian 13; Slurm's daemons stay masked (PROXY=URL: apt through a cache).
 	$(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml -e debian_release_hosts='$(HOSTS)' \
 		-e debian_release_apt_proxy='$(PROXY)' $(ANSIBLE_FLAGS) ansible/release.yml
+
+upgrade-accounting: venv-deploy ## After the accounting host's move: convert its database for the new slurmdbd (a dump first; a failed step goes back to it), then start slurmdbd.
+	$(VENV)/bin/ansible-playbook -i $(INVENTORY)/hosts.yml $(ANSIBLE_FLAGS) ansible/accounting.yml
 
 status: venv ## Check the running cluster (pyhpc doctor): munge, slurmctld, slurmdbd, nodes, a 2-node job, sacct.
 	$(PY) -m pyhpc doctor

@@ -88,14 +88,6 @@ AccountingStorageHost=localhost
 """
 #: 23.02's one conversion step from schema 12 (22.05), as the upgrade replays it.
 REPLAY = "; ".join(releases.REPLAY[12])
-#: Each job's and step's fields that 22.05 and 24.11 both have, in one digest a table.
-DIGEST = {
-    "job": "id_job, id_user, id_group, id_assoc, account, `partition`, job_name, state, "
-           "exit_code, derived_ec, time_submit, time_start, time_end, timelimit, nodelist, "
-           "tres_alloc, tres_req, env_hash_inx, script_hash_inx, work_dir, submit_line",
-    "step": "job_db_inx, id_step, step_het_comp, state, exit_code, time_start, time_end, "
-            "nodelist, tres_alloc, tres_usage_in_tot, tres_usage_out_tot, user_sec, sys_sec",
-}
 SACCT = ("sacct -a -P -n -o jobidraw,uid,account,elapsed,exitcode,state,alloctres "
          "-S 2000-01-01 -E now")
 
@@ -192,12 +184,11 @@ def load(database: str, cluster: str, jobs: int | None) -> None:
 
 
 def digests(cluster: str, database: str) -> dict[str, str]:
-    query = "; ".join(f"select md5(group_concat(concat_ws('|', {cols}) order by job_db_inx"
-                      f"{', id_step, step_het_comp' if table == 'step' else ''} "
+    query = "; ".join(f"select md5(group_concat(concat_ws('|', {cols}) order by {order} "
                       f"separator '\\n')) from {cluster}_{table}_table"
-                      for table, cols in DIGEST.items())
+                      for table, (order, cols) in releases.DIGEST.items())
     probe("mysql -e 'set global group_concat_max_len = 1073741824'")
-    return dict(zip(DIGEST, (row[0] for row in sql(PROBE, database, query)), strict=True))
+    return dict(zip(releases.DIGEST, (row[0] for row in sql(PROBE, database, query)), strict=True))
 
 
 def finished(lines: list[str], ids: set[str]) -> list[str]:

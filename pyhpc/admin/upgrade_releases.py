@@ -81,6 +81,32 @@ REPLAY = {12: ("alter table clus_res_table change percent_allowed allowed int un
                "default 0", "update convert_version_table set version = 13, "
                "mod_time = unix_timestamp()")}
 
+#: Each job's and step's fields that 22.05 and 24.11 both have: the conversion must leave
+#: them as they were (compared as one digest a table, ordered by these keys).
+DIGEST = {
+    "job": ("job_db_inx", "id_job, id_user, id_group, id_assoc, account, `partition`, "
+            "job_name, state, exit_code, derived_ec, time_submit, time_start, time_end, "
+            "timelimit, nodelist, tres_alloc, tres_req, env_hash_inx, script_hash_inx, "
+            "work_dir, submit_line"),
+    "step": ("job_db_inx, id_step, step_het_comp", "job_db_inx, id_step, step_het_comp, state, "
+             "exit_code, time_start, time_end, nodelist, tres_alloc, tres_usage_in_tot, "
+             "tres_usage_out_tot, user_sec, sys_sec"),
+}
+
+
+def accounting_route(codename: str) -> dict[str, object]:
+    """What the accounting host's conversion (pyhpc/admin/accounting_convert.py, which runs
+    there without pyhpc) needs to know of the Slurm that ``codename`` ships: the schema it
+    leaves and the oldest it converts, the steps replayed by schema version, its refusal
+    line, the fields compared."""
+    release = SHIPPED[codename]
+    return {"release": release, "schema": SCHEMA[release], "schema_min": SCHEMA_MIN[release],
+            "replay": {str(v): list(steps) for v, steps in REPLAY.items()},
+            "too_old": TOO_OLD,
+            "digest": {table: {"order": order, "fields": fields}
+                       for table, (order, fields) in DIGEST.items()}}
+
+
 KNOWN = tuple(sorted({*UPGRADES_FROM, *(r for v in UPGRADES_FROM.values() for r in v)}))
 SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
 
@@ -119,3 +145,13 @@ def chain(old: str, new: str) -> tuple[str, ...]:
                 seen.add(nxt)
                 paths.append((*path, nxt))
     return ()
+
+
+if __name__ == "__main__":  # the accounting_convert role asks: python -m ... accounting trixie
+    import json
+    import sys
+
+    if sys.argv[1:2] != ["accounting"] or len(sys.argv) != 3 or sys.argv[2] not in SHIPPED:
+        sys.exit(f"usage: python -m pyhpc.admin.upgrade_releases accounting "
+                 f"{{{','.join(SHIPPED)}}}")
+    print(json.dumps(accounting_route(sys.argv[2]), indent=2))

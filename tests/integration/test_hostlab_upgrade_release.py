@@ -1,12 +1,14 @@
-"""A host moved in place from Debian 12 to Debian 13 (issue 46 item 3): `make debian-release
-HOSTS=gpu2` on hostlab's Debian 12 cluster, as an admin runs it on a real one (the
-debian_release role: apt's sources, apt's two steps, a reboot, checks). After it gpu2 runs
-Debian 13 with every package installed and Slurm 24.11's slurmd held (masked, stopped)
-for the upgrade's next step, and the rest of the cluster runs jobs. A second run changes
-nothing. Before it, a host without the room the move needs stops it in one line, nothing
-changed. Runs last of hostlab's modules: it removes gpu2 afterwards (the next converge
-makes it again). The move's figures, each host and the package cache, are
-`make bench-upgrade-hosts`'s (benchmarks/upgrade_hosts.py).
+"""Hosts moved in place from Debian 12 to Debian 13 (issue 46 item 3), and the accounting
+database converted (item 2's route): `make debian-release HOSTS=gpu2` on hostlab's Debian
+12 cluster, as an admin runs it on a real one (the debian_release role: apt's sources,
+apt's two steps, a reboot, checks). After it gpu2 runs Debian 13 with every package
+installed and Slurm 24.11's slurmd held (masked, stopped), and the rest of the cluster runs
+jobs. A second run changes nothing. Before it, a pattern that names no host, a host without
+room and a host that is down each stop it in one line, nothing changed. Then db moves and
+`make upgrade-accounting` converts its database: a refusal goes back to the dump, a second
+try keeps every job, a third changes nothing. Runs last of hostlab's modules: the next
+converge replaces the hosts it moved. The move's figures, each host and the package cache,
+are `make bench-upgrade-hosts`'s (benchmarks/upgrade_hosts.py).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative, no package).
 from test_hostlab import HOSTLAB, HOSTS, SKIP, _run, mark_converged, on, run_on, status
-from test_hostlab_life import INVENTORY_DIR, MOVED_HOST, converge, node_states, wait_for
+from test_hostlab_life import INVENTORY_DIR, MOVED_HOSTS, converge, node_states, wait_for
 
 from benchmarks.hostlab import recap
 from pyhpc import paths
@@ -27,14 +29,22 @@ from pyhpc import paths
 pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
-HOST = MOVED_HOST
+HOST, DB = MOVED_HOSTS
 STATE_DIR = "/var/lib/pyhpc/release"
+DATABASE = "slurm_acct_db"
 
 
 def debian_release(hosts: str, *flags: str, timeout: int = 2400) -> tuple[int, str, float]:
     """`make debian-release HOSTS=hosts` against hostlab's inventory, whatever its status."""
-    argv = ["make", "--no-print-directory", "debian-release", f"INVENTORY={INVENTORY_DIR}",
-            f"HOSTS={hosts}", *([f"ANSIBLE_FLAGS={' '.join(flags)}"] if flags else [])]
+    return make("debian-release", f"HOSTS={hosts}", *flags, timeout=timeout)
+
+
+def make(target: str, *args: str, timeout: int = 2400) -> tuple[int, str, float]:
+    """`make TARGET [ARGS]` against hostlab's inventory (a flag in ARGS: ANSIBLE_FLAGS)."""
+    flags = [a for a in args if a.startswith("-")]
+    argv = ["make", "--no-print-directory", target, f"INVENTORY={INVENTORY_DIR}",
+            *[a for a in args if not a.startswith("-")],
+            *([f"ANSIBLE_FLAGS={' '.join(flags)}"] if flags else [])]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=paths.ROOT, env=dict(os.environ), capture_output=True,
                           text=True, timeout=timeout)
@@ -60,22 +70,23 @@ def deployed_debian_12() -> bool:
         return False
     host = looks()
     return (host["release"] == "bookworm" and host["slurmd"] == "active"
-            and node_states().get("cpu1") == "idle")
+            and node_states().get("cpu1") == "idle"
+            and run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip() == "active")
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    """Debian 12 hosts with the deploy's Slurm; HOST removed after. The move needs a
-    deployed Debian 12 host, not the repository's topology: hosts as the module before
-    left them are used as they are; else the repository's hostlab is converged."""
+    """Debian 12 hosts with the deploy's Slurm. The move needs a deployed Debian 12 host,
+    not the repository's topology: hosts as the module before left them are used as they
+    are; else the repository's hostlab is converged. The moved hosts stay: the next
+    converge replaces them (it knows a moved host by the move's state directory)."""
     if not deployed_debian_12():
         converge("bookworm")
     yield
-    _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", HOST])
     mark_converged(None)
 
 
-def test_a_move_without_hosts_or_room_stops_in_one_line_and_changes_nothing(cluster: None) -> None:
+def test_a_move_without_hosts_room_or_answer_stops_in_one_line_and_changes_nothing(cluster: None) -> None:
     before = looks()
     assert before["release"] == "bookworm" and before["slurmd"] == "active", before
 
@@ -83,10 +94,27 @@ def test_a_move_without_hosts_or_room_stops_in_one_line_and_changes_nothing(clus
     assert rc != 0
     assert "debian_release_hosts: name the hosts to move" in out
 
+    rc, out, _ = debian_release("nosuch")
+    assert rc != 0
+    assert "debian_release_hosts: nosuch names no host of the inventory" in out
+
     rc, out, _ = debian_release(HOST, "-e debian_release_min_free_mib=100000000")
     assert rc != 0
     line = next(line for line in out.splitlines() if f"host {HOST}: bookworm with" in line)
     assert "debian_release_min_free_mib" in out, line
+    assert looks() == before
+
+    # A host that is down stops the move of every host named, before any changes.
+    _run([*HOSTLAB, "podman", "stop", HOST])
+    try:
+        rc, out, _ = debian_release(f"cpu1:{HOST}", "-e reachable_timeout_s=5")
+    finally:
+        _run([*HOSTLAB, "podman", "start", HOST])
+    assert rc != 0
+    assert f"host {HOST}: down or unreachable (no answer within 5 s); nothing changed" in out
+    assert "TASK [debian_release" not in out
+    wait_for(f"{HOST} back", lambda: run_on(HOST, "systemctl", "is-active", "slurmd").stdout.strip()
+             == "active")
     assert looks() == before
 
 
@@ -121,3 +149,72 @@ def test_a_second_move_changes_nothing(cluster: None) -> None:
     assert recap(out)[HOST]["changed"] == 0
     assert on(HOST, "stat", "--format=%Y", f"{STATE_DIR}/trixie") == mark
     print(f"second run: {took:.1f} s")
+
+
+def db_sql(query: str) -> list[str]:
+    return on(DB, "mysql", "-N", "-B", DATABASE, "-e", query).splitlines()
+
+
+def history() -> dict[str, object]:
+    """What accounting holds of every job, read from its tables (sacct needs a slurmctld
+    of the same release, which the moved db does not have yet)."""
+    cluster = db_sql("select name from cluster_table where deleted = 0")[0]
+    return {"schema": db_sql("select version from convert_version_table"),
+            "jobs": db_sql(f"select id_job, id_user, account, exit_code, time_end - time_start, "
+                           f"tres_alloc from {cluster}_job_table order by job_db_inx"),
+            "steps": db_sql(f"select job_db_inx, id_step, exit_code, tres_alloc from "
+                            f"{cluster}_step_table order by job_db_inx, id_step"),
+            "associations": db_sql(f"select user, acct, max_jobs from {cluster}_assoc_table "
+                                   "where deleted = 0 order by id_assoc")}
+
+
+def slurmdbd_unit() -> tuple[str, str]:
+    return (run_on(DB, "systemctl", "is-enabled", "slurmdbd").stdout.strip(),
+            run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip())
+
+
+def test_the_accounting_host_moves_and_a_failed_conversion_goes_back_to_its_dump(
+        cluster: None) -> None:
+    """db moved (slurmdbd 24.11 held), then the conversion with slurmdbd.conf readable by
+    others, which the new slurmdbd refuses after the replayed step changed the database:
+    the database goes back to the dump, slurmdbd stays held, one line."""
+    before = history()
+    assert before["schema"] == ["12"] and len(before["jobs"]) > 0, before
+    rc, out, took = debian_release(DB)
+    assert rc == 0, out[-3000:]
+    print(f"{DB} moved in {took:.1f} s")
+    assert slurmdbd_unit() == ("masked", "inactive")
+    assert history() == before  # MariaDB 11.8 took the tables over as they were
+
+    on(DB, "chmod", "0644", "/etc/slurm/slurmdbd.conf")
+    try:
+        rc, out, _ = make("upgrade-accounting")
+    finally:
+        on(DB, "chmod", "0600", "/etc/slurm/slurmdbd.conf")
+    assert rc != 0
+    line = next(line for line in out.splitlines() if f"host {DB}: pyhpc-accounting-convert:" in line)
+    assert "slurmdbd 24.11" in line and "the database is back as it was" in line, line
+    assert history() == before
+    assert slurmdbd_unit() == ("masked", "inactive")
+    assert run_on(DB, "test", "-e", f"{STATE_DIR}/accounting-24.11").returncode == 1
+
+
+def test_the_conversion_resumes_from_the_dump_keeps_every_job_and_starts_slurmdbd(
+        cluster: None) -> None:
+    before = history()
+    start = time.monotonic()
+    rc, out, _ = make("upgrade-accounting")
+    assert rc == 0, out[-3000:]
+    print(f"conversion: {time.monotonic() - start:.1f} s")
+    after = history()
+    assert after["schema"] == ["16"]
+    assert {k: v for k, v in after.items() if k != "schema"} == {
+        k: v for k, v in before.items() if k != "schema"}
+    assert slurmdbd_unit() == ("enabled", "active")
+    assert "started" in on(DB, "cat", f"{STATE_DIR}/accounting-24.11.log")
+    # the dump it went back to, private; the second try reloaded it before the replay
+    assert on(DB, "stat", "--format=%a %U", f"{STATE_DIR}/accounting-before-24.11.sql") == "600 root"
+
+    rc, out, _ = make("upgrade-accounting")
+    assert rc == 0, out[-3000:]
+    assert recap(out)[DB]["changed"] == 0
