@@ -177,9 +177,16 @@ def test_the_accounting_host_moves_and_a_failed_conversion_goes_back_to_its_dump
         cluster: None) -> None:
     """db moved (slurmdbd 24.11 held), then the conversion with slurmdbd.conf readable by
     others, which the new slurmdbd refuses after the replayed step changed the database:
-    the database goes back to the dump, slurmdbd stays held, one line."""
+    the database goes back to the dump, slurmdbd stays held, one line. Before it, history
+    of its own: an array of six tasks, half of them failing, with their steps."""
+    array = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--array=0-5",
+               "--wrap", 'srun true; exit $((SLURM_ARRAY_TASK_ID % 2))')
+    wait_for(f"array {array} done", lambda: sorted(run_on(
+        "login", "sacct", "-nXP", "-j", array, "--format=State").stdout.split()) == [
+            "COMPLETED"] * 3 + ["FAILED"] * 3, timeout=300)
     before = history()
-    assert before["schema"] == ["12"] and len(before["jobs"]) > 0, before
+    assert before["schema"] == ["12"] and len(before["jobs"]) >= 7, before
+    assert len(before["steps"]) >= 12, before  # each task's batch step and its srun
     rc, out, took = debian_release(DB)
     assert rc == 0, out[-3000:]
     print(f"{DB} moved in {took:.1f} s")
