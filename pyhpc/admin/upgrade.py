@@ -60,24 +60,27 @@ def _figures(name: str, results: Path) -> tuple[dict[str, Any], str] | None:
 def estimate_inputs(results: Path = RESULTS) -> tuple[dict[str, float], str]:
     """The estimate's inputs, measured where benchmarks/results has them, and the line that
     says where each came from."""
-    inputs, measured = dict(ESTIMATE), []
+    inputs, measured = dict(ESTIMATE), {}
     if found := _figures("upgrade-hosts.json", results):
         moves = [m["move_s"] for m in found[0]["moves"]]
         inputs["host_upgrade_min"] = max(moves) / 60
-        measured.append(f"a host's move, the slowest of {len(moves)} (upgrade-hosts.json, "
-                        f"{found[1]})")
+        measured["host_upgrade_min"] = (f"a host's move, the slowest of {len(moves)} "
+                                        f"(upgrade-hosts.json, {found[1]})")
     if found := _figures("backup.json", results):
         largest = max(found[0]["runs"], key=lambda r: r["dump_bytes"])
         inputs["backup_bytes_per_s"] = largest["dump_bytes"] / largest["backup_s"]
-        measured.append(f"the backup rate (backup.json, {found[1]})")
+        measured["backup_bytes_per_s"] = f"the backup rate (backup.json, {found[1]})"
     if found := _figures("upgrade-dbd.json", results):
         inputs["conversion_s_per_1000_jobs"] = found[0]["replayed_seconds_per_1000_more_jobs"]
-        measured.append(f"the conversion per 1000 job records (upgrade-dbd.json, {found[1]})")
-    assumed = [k for k in ESTIMATE if inputs[k] == ESTIMATE[k]]
-    source = (f"measured on hostlab's container hosts ({'; '.join(measured)}): a real host's "
-              "reboot adds its firmware's time; " if measured else "")
+        measured["conversion_s_per_1000_jobs"] = (f"the conversion per 1000 job records "
+                                                  f"(upgrade-dbd.json, {found[1]})")
+    assumed = [k for k in ESTIMATE if k not in measured]
+    source = (f"measured on hostlab's container hosts ({'; '.join(measured.values())}): a "
+              "real host's reboot adds its firmware's time; " if measured else "")
     source += f"assumed: {', '.join(assumed)} (pyhpc/admin/upgrade.py ESTIMATE)"
     return inputs, source
+
+
 #: What the backups hold: part -> (the facts' size key, the command).
 BACKUPS = {"accounting": ("accounting", "mysqldump --single-transaction"),
            "directory": ("directory", "slapcat"),
