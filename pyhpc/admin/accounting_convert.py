@@ -165,13 +165,16 @@ class Conversion:
             raise Failed(f"mysql: reloading {self.dump}: {proc.stderr.strip()[-200:]}")
         self.step("reload", why=why, seconds=round(time.monotonic() - started, 2))
 
+    def no_step(self, version: int) -> str:
+        return (f"convert_version_table: schema {version}; slurmdbd {self.release} converts "
+                f"{self.route['schema_min']} and newer, and pyhpc knows no step from it "
+                "(pyhpc/admin/upgrade_releases.py)")
+
     def replay(self, version: int) -> int:
         while version < int(self.route["schema_min"]):
             steps = self.route["replay"].get(str(version))
             if steps is None:
-                raise Failed(f"convert_version_table: schema {version}; slurmdbd "
-                             f"{self.release} converts {self.route['schema_min']} and newer, "
-                             "and pyhpc knows no step from it (pyhpc/admin/upgrade_releases.py)")
+                raise Failed(self.no_step(version))
             sql(self.database, "; ".join(steps))
             after = self.schema()
             self.step("replay", schema_from=version, schema_to=after, sql=steps)
@@ -230,14 +233,15 @@ class Conversion:
         if self.mark.exists():
             self.done.update(outcome="converted already", mark=str(self.mark))
             return self.done
-        self.begin()
+        try:
+            self.begin()
+            first = self.schema()
+        except Failed as exc:  # before the dump: nothing was changed
+            raise Refused(str(exc)) from None
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        first = self.schema()
         self.done["schema_before"] = first
         if first < int(self.route["schema_min"]) and str(first) not in self.route["replay"]:
-            raise Refused(f"convert_version_table: schema {first}; slurmdbd {self.release} "
-                          f"converts {self.route['schema_min']} and newer, and pyhpc knows no "
-                          "step from it (pyhpc/admin/upgrade_releases.py)")
+            raise Refused(self.no_step(first))
         self.take_dump()
         try:
             before = self.digest()

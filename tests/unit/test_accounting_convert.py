@@ -17,7 +17,8 @@ from pyhpc.admin import upgrade_releases as releases
 MYSQL = r"""#!/bin/bash
 q=$(cat)
 case "$q" in
-  *"from cluster_table"*) echo hostlab ;;
+  *"from cluster_table"*) [ -n "$MYSQL_DOWN" ] && { echo "ERROR 2002: Can't connect" >&2; exit 1; }
+                          echo hostlab ;;
   *"alter table clus_res_table"*)
      [ -e "$DB/renamed" ] && { echo "ERROR 1054: Unknown column 'percent_allowed'" >&2; exit 1; }
      touch "$DB/renamed"; echo 13 > "$DB/schema" ;;
@@ -158,3 +159,12 @@ def test_what_it_cannot_begin_is_one_line_and_nothing_changed(
     assert err == f"pyhpc-accounting-convert: {line}; nothing changed\n"
     assert not (host / "state" / "accounting-before-24.11.sql").exists()
     assert "unmask" not in db(host, "log") and db(host, "schema") == schema
+
+
+def test_mariadb_not_answering_is_one_line_and_nothing_changed(
+        host: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MYSQL_DOWN", "1")
+    code, done, err = convert(host, capsys)
+    assert (code, done) == (2, {})
+    assert err == "pyhpc-accounting-convert: mysql: ERROR 2002: Can't connect; nothing changed\n"
+    assert not (host / "state").exists() and db(host, "schema") == "12"
