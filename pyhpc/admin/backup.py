@@ -34,6 +34,8 @@ from pyhpc.admin.backup_store import BackupError
 from pyhpc.cluster import Cluster
 
 SLURMDBD_CONF = Path("/etc/slurm/slurmdbd.conf")
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+SLURMCTLD = Path("/usr/sbin/slurmctld")
 SLAPD_CONFIG = Path("/etc/ldap/slapd.d")
 #: Copied into files.tar.gz where present (munge's key, pyhpc's secrets, Slurm's config).
 FILES = (Path("/etc/munge/munge.key"), Path("/etc/pyhpc/secrets"), Path("/etc/slurm"))
@@ -137,6 +139,29 @@ def _tar(out: IO[bytes]) -> None:
                 tar.add(path, arcname=str(path).lstrip("/"))
 
 
+def _tar_tree(out: IO[bytes], top: Path) -> None:
+    """``top``'s tree while a daemon goes on writing it. slurmctld writes a state file as
+    NAME.new, then renames it to NAME (the old one to NAME.old): a file can go between
+    the listing and its turn. It is left out; its data is under the name it went to."""
+    with tarfile.open(fileobj=out, mode="w:gz", dereference=False) as tar:
+        tar.add(top, arcname=str(top).lstrip("/"), recursive=False)
+        for root, dirs, names in os.walk(top):
+            dirs.sort()
+            for name in [*dirs, *sorted(names)]:
+                path = os.path.join(root, name)
+                try:
+                    tar.add(path, arcname=path.lstrip("/"), recursive=False)
+                except FileNotFoundError:
+                    continue
+
+
+def state_dir() -> Path | None:
+    """slurmctld's StateSaveLocation, where this host runs slurmctld (the upgrade backs it
+    up: the new release's slurmctld does not take it over)."""
+    state = conf_value(SLURM_CONF, "StateSaveLocation")
+    return Path(state) if state and SLURMCTLD.exists() and Path(state).is_dir() else None
+
+
 def dump_accounting(database: str, out: IO[bytes]) -> None:
     """A consistent dump of ``database`` (slurmdbd's StorageLoc), gzip-compressed into
     ``out``: accounting.sql.gz's writer."""
@@ -144,8 +169,9 @@ def dump_accounting(database: str, out: IO[bytes]) -> None:
              "--hex-blob", database], out)
 
 
-def _parts(cluster: Cluster) -> dict[str, Any]:
-    """What this host holds: part file name -> how to write it."""
+def _parts(cluster: Cluster, state: bool = False) -> dict[str, Any]:
+    """What this host holds: part file name -> how to write it. With ``state`` (the
+    upgrade's backup), also slurmctld's state directory where this host has one."""
     parts: dict[str, Any] = {}
     db = conf_value(SLURMDBD_CONF, "StorageLoc") if cluster.accounting else None
     if db and HOLD.exists():
@@ -160,12 +186,16 @@ def _parts(cluster: Cluster) -> dict[str, Any]:
         parts["directory.ldif.gz"] = lambda out: _stream(
             ["slapcat", "-F", str(SLAPD_CONFIG), "-b", d.base_dn, "-o", "ldif-wrap=no"], out)
     parts["files.tar.gz"] = _tar
+    where = state_dir() if state else None
+    if where is not None:
+        parts["slurmctld-state.tar.gz"] = lambda out: _tar_tree(out, where)
     return parts
 
 
-def now(cluster: Cluster, if_due: bool = False) -> dict[str, Any]:
+def now(cluster: Cluster, if_due: bool = False, state: bool = False) -> dict[str, Any]:
     """Take this host's backup, prune, record the metric; returns what was done. With
-    ``if_due`` (the schedulers' every tick) only where the newest good one is due."""
+    ``if_due`` (the schedulers' every tick) only where the newest good one is due; with
+    ``state`` with slurmctld's state directory too."""
     section = _section(cluster)
     root = _root_dir(section.path)
     host = _host()
@@ -180,7 +210,7 @@ def now(cluster: Cluster, if_due: bool = False) -> dict[str, Any]:
         partial = root / f"{store.PARTIAL}{name}.{secrets.token_hex(4)}"
         partial.mkdir(mode=0o700)
         try:
-            made = _write_parts(partial, cluster, name, started)
+            made = _write_parts(partial, cluster, name, started, state)
             try:
                 os.rename(partial, root / name)
             except OSError as exc:
@@ -199,10 +229,11 @@ def now(cluster: Cluster, if_due: bool = False) -> dict[str, Any]:
             "pruned": removed}
 
 
-def _write_parts(folder: Path, cluster: Cluster, name: str, started: float) -> dict[str, int]:
+def _write_parts(folder: Path, cluster: Cluster, name: str, started: float,
+                 state: bool = False) -> dict[str, int]:
     sizes: dict[str, int] = {}
     try:
-        for part, writer in _parts(cluster).items():
+        for part, writer in _parts(cluster, state).items():
             files.write_with(folder / part, writer, "backup", mode=0o600)
             sizes[part] = (folder / part).stat().st_size
         meta = {"made_by": "pyhpc", "host": _host(), "cluster": cluster.name, "name": name,

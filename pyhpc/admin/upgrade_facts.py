@@ -137,7 +137,9 @@ def from_listing(data: dict[str, Any]) -> list[Host]:
     return found
 
 
-def _argv(host: Host) -> list[str]:
+def shell_argv(host: Host) -> list[str]:
+    """A root shell on ``host`` that reads its script on stdin (ssh as the deploy reaches
+    it, or here for a local host)."""
     shell = ["bash", "-s"] if host.user == "root" else ["sudo", "-n", "bash", "-s"]
     if host.local:
         return shell
@@ -166,7 +168,7 @@ def probe(host: Host, cluster: str, base_dn: str, backup: str) -> Facts:
              "BACKUP": backup, **PATHS}
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in given.items()) + "\n"
     try:
-        proc = subprocess.run(_argv(host), input=env + PROBE, capture_output=True,
+        proc = subprocess.run(shell_argv(host), input=env + PROBE, capture_output=True,
                               text=True, check=False, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise UpgradeError(f"host {host.name}: down or unreachable (no answer in "

@@ -1,20 +1,22 @@
 """The admin commands of the ``pyhpc`` CLI: ``directory sync``, ``workshop create|delete|
-list``, ``admin backup now|list|verify``, ``admin upgrade plan`` and ``admin upgrade queue
-save|restore``. Each parses its arguments
+list``, ``admin backup now|list|verify``, ``admin upgrade plan|run`` and ``admin upgrade
+queue save|restore``. Each parses its arguments
 and makes one call into :mod:`pyhpc.admin.directory`, :mod:`pyhpc.admin.workshop`,
-:mod:`pyhpc.admin.backup`, :mod:`pyhpc.admin.upgrade` or :mod:`pyhpc.admin.upgrade_queue`;
+:mod:`pyhpc.admin.backup`, :mod:`pyhpc.admin.upgrade`, :mod:`pyhpc.admin.upgrade_run` or
+:mod:`pyhpc.admin.upgrade_queue`;
 run as root (workshops and the directory on the login host, backups where the state is).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pyhpc import cluster, paths
-from pyhpc.admin import backup, directory_sync, restore, upgrade_queue, workshop
+from pyhpc.admin import backup, directory_sync, restore, upgrade_queue, upgrade_run, workshop
 from pyhpc.admin import upgrade as upgrade_plan
 
 
@@ -72,7 +74,7 @@ def cmd_workshop_list(args: argparse.Namespace) -> int:
 
 
 def cmd_backup_now(args: argparse.Namespace) -> int:
-    done = backup.now(_cluster(), args.if_due)
+    done = backup.now(_cluster(), args.if_due, args.state)
     if "skipped" in done:
         _emit(done, args.json, f"backup: {done['skipped']} (newest: {done['name']})")
         return 0
@@ -136,6 +138,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_upgrade_plan(args: argparse.Namespace) -> int:
     done = upgrade_plan.plan(_cluster(), Path(args.inventory) if args.inventory else None)
     _emit(done, args.json, upgrade_plan.text(done))
+    return 0
+
+
+def cmd_upgrade_run(args: argparse.Namespace) -> int:
+    try:
+        done = upgrade_run.run(_cluster(), args.inventory, args.deadline, args.stop_after)
+    except upgrade_run.StepFailed as exc:
+        print(f"pyhpc: error: {exc}", file=sys.stderr)
+        return 1
+    _emit(done, args.json, upgrade_run.text(done))
     return 0
 
 
@@ -206,6 +218,8 @@ def add_commands(sub: Any) -> None:
                         "backup role's timer runs it)")
     s.add_argument("--if-due", action="store_true", help="only where this host's newest "
                    "good backup is older than backup.interval (the schedulers' every tick)")
+    s.add_argument("--state", action="store_true", help="also slurmctld's state directory, "
+                   "where this host runs slurmctld (the upgrade's backup)")
     s.add_argument("--json", action="store_true", help="print what was done as JSON")
     s.set_defaults(func=cmd_backup_now)
     s = bsub.add_parser("list", help="every backup: time, size, whether its checksums hold "
@@ -240,6 +254,18 @@ def add_commands(sub: Any) -> None:
                    "machine)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=cmd_upgrade_plan)
+    s = usub.add_parser("run", help="carry the plan out from where you deploy, as root: "
+                        "the queue saved, the backups, each host moved in SchedMD's order, "
+                        "the database converted, the deploy, the queue restored; run again, "
+                        "it goes on from the step that did not end well")
+    s.add_argument("--inventory", metavar="HOSTS_YML", help="the Ansible inventory the "
+                   "cluster was deployed from (required)")
+    s.add_argument("--deadline", metavar="DURATION", help="how long running jobs may go on "
+                   "(as queue save's; required on the first run)")
+    s.add_argument("--stop-after", metavar="STEP", help="stop after this step (one of "
+                   f"{', '.join(upgrade_run.NAMES)}); the next run goes on from there")
+    s.add_argument("--json", action="store_true", help="print the run's record as JSON")
+    s.set_defaults(func=cmd_upgrade_run)
     q = usub.add_parser("queue", help="the job queue across Slurm's unsupported jump: save "
                         "it before slurmctld loses its state, restore it after (as root on "
                         "the controller)")

@@ -1,21 +1,33 @@
-"""Hosts moved in place from Debian 12 to Debian 13 (issue 46 item 3), and the accounting
-database converted (item 2's route): `make debian-release HOSTS=gpu2` on hostlab's Debian
-12 cluster, as an admin runs it on a real one (the debian_release role: apt's sources,
-apt's two steps, a reboot, checks). After it gpu2 runs Debian 13 with every package
-installed and Slurm 24.11's slurmd held (masked, stopped), and the rest of the cluster runs
-jobs. A second run changes nothing. Before it, a pattern that names no host, a host without
-room and a host that is down each stop it in one line, nothing changed. Then db moves and
-`make upgrade-accounting` converts its database: a refusal goes back to the dump, a second
-try keeps every job, a third changes nothing. Runs last of hostlab's modules: the next
-converge replaces the hosts it moved. The move's figures, each host and the package cache,
-are `make bench-upgrade-hosts`'s (benchmarks/upgrade_hosts.py).
+"""The upgrade to Debian 13 on hostlab's Debian 12 cluster (issue 46): `pyhpc admin upgrade
+run` up to the accounting host, then one host moved on its own.
+
+- Bad input first: a pattern that names no host, a host without room and a host that is
+  down each stop `make debian-release` in one line, nothing changed.
+- The run (from here, as an admin runs it where they deploy from): the plan, the queue
+  saved, the backups, db moved in place (the debian_release role: apt's sources, apt's two
+  steps, a reboot, checks) with slurmdbd 24.11 held. Then its database converted: a
+  refusal stops the run at that step and goes back to the dump; the next run goes on from
+  that step and keeps every job; a run after changes nothing. Then the upgrade is called
+  off: the queue comes back on the controller, which kept its state.
+- gpu2 moved with `make debian-release HOSTS=gpu2`: Debian 13 with every package
+  installed and Slurm 24.11's slurmd held, while the rest of the cluster runs jobs. A
+  second run changes nothing. Then the run's release-finish step on its own unmasks what
+  the moves held, once.
+
+Runs last of hostlab's modules: the next converge replaces the hosts it moved. The move's
+figures, each host and the package cache, are `make bench-upgrade-hosts`'s
+(benchmarks/upgrade_hosts.py).
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +37,7 @@ from test_hostlab_life import INVENTORY_DIR, MOVED_HOSTS, converge, node_states,
 
 from benchmarks.hostlab import recap
 from pyhpc import paths
+from pyhpc.admin.upgrade_run import PYHPC, RUN_DIR
 
 pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
               pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
@@ -32,6 +45,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
 HOST, DB = MOVED_HOSTS
 STATE_DIR = "/var/lib/pyhpc/release"
 DATABASE = "slurm_acct_db"
+BACKUP = "/var/backups/pyhpc"  # backup.path in hostlab's cluster.yml
 
 
 def debian_release(hosts: str, *flags: str, timeout: int = 2400) -> tuple[int, str, float]:
@@ -74,6 +88,16 @@ def deployed_debian_12() -> bool:
             and run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip() == "active")
 
 
+def called_off() -> None:
+    """What the run's steps left on hosts it did not move, away: the queue's reservation and
+    record on ctl (restore gives back what save held), the run's record here."""
+    if "pyhpc-upgrade" in reservation():
+        run_on("ctl", *PYHPC, "admin", "upgrade", "queue", "restore")
+        run_on("login", "scontrol", "delete", "reservation=pyhpc-upgrade")
+    run_on("ctl", "rm", "-rf", "/var/lib/pyhpc/upgrade-queue")
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
     """Debian 12 hosts with the deploy's Slurm. The move needs a deployed Debian 12 host,
@@ -82,7 +106,9 @@ def cluster() -> Iterator[None]:
     converge replaces them (it knows a moved host by the move's state directory)."""
     if not deployed_debian_12():
         converge("bookworm")
+    called_off()
     yield
+    called_off()
     mark_converged(None)
 
 
@@ -118,6 +144,141 @@ def test_a_move_without_hosts_room_or_answer_stops_in_one_line_and_changes_nothi
     assert looks() == before
 
 
+def db_sql(query: str) -> list[str]:
+    return on(DB, "mysql", "-N", "-B", DATABASE, "-e", query).splitlines()
+
+
+def history() -> dict[str, object]:
+    """What accounting holds of every job, read from its tables (sacct needs a slurmctld
+    of the same release, which the moved db does not have yet)."""
+    cluster = db_sql("select name from cluster_table where deleted = 0")[0]
+    return {"schema": db_sql("select version from convert_version_table"),
+            "jobs": db_sql(f"select id_job, id_user, account, exit_code, time_end - time_start, "
+                           f"tres_alloc from {cluster}_job_table order by job_db_inx"),
+            "steps": db_sql(f"select job_db_inx, id_step, exit_code, tres_alloc from "
+                            f"{cluster}_step_table order by job_db_inx, id_step"),
+            "associations": db_sql(f"select user, acct, max_jobs from {cluster}_assoc_table "
+                                   "where deleted = 0 order by id_assoc")}
+
+
+def slurmdbd_unit() -> tuple[str, str]:
+    return (run_on(DB, "systemctl", "is-enabled", "slurmdbd").stdout.strip(),
+            run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip())
+
+
+def upgrade_run(*args: str) -> tuple[int, str, str]:
+    """`pyhpc admin upgrade run` from here, where hostlab is deployed from, on its inventory."""
+    argv = [sys.executable, "-m", "pyhpc", "admin", "upgrade", "run", "--inventory",
+            str(INVENTORY_DIR / "hosts.yml"), *args]
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=paths.ROOT, capture_output=True, text=True, timeout=3600,
+                          env=dict(os.environ, PYHPC_CLUSTER=str(INVENTORY_DIR / "cluster.yml")))
+    print(f"$ {' '.join(argv[1:])}  ({time.monotonic() - start:.1f} s, exit {proc.returncode})\n"
+          f"{proc.stdout[-4000:]}{proc.stderr}")
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def steps_run(out: str) -> list[str]:
+    return [line.split()[3].rstrip(":") for line in out.splitlines()
+            if line.startswith("--- upgrade run: ")]
+
+
+def reservation() -> str:
+    return run_on("login", "scontrol", "show", "reservation", "pyhpc-upgrade").stdout
+
+
+def test_the_run_saves_the_queue_backs_up_and_moves_the_accounting_host(cluster: None) -> None:
+    """`pyhpc admin upgrade run` up to the accounting host's move: the plan, the queue saved
+    (no job starts), the backups (the controller's with slurmctld's state), db moved with
+    slurmdbd held. Before it, history of its own: an array of six tasks, half of them
+    failing, with their steps."""
+    array = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--array=0-5",
+               "--wrap", 'srun true; exit $((SLURM_ARRAY_TASK_ID % 2))')
+    wait_for(f"array {array} done", lambda: sorted(run_on(
+        "login", "sacct", "-nXP", "-j", array, "--format=State").stdout.split()) == [
+            "COMPLETED"] * 3 + ["FAILED"] * 3, timeout=300)
+    before = history()
+    assert before["schema"] == ["12"] and len(before["jobs"]) >= 6, before
+    assert len(before["steps"]) >= 12, before  # each task's batch step and its srun
+
+    rc, out, err = upgrade_run("--deadline", "0", "--stop-after", "move-dbd")
+    assert rc == 0, err
+    assert steps_run(out) == ["plan", "queue-save", "backup", "move-dbd"]
+    assert "Phases, in order:" in out  # the plan, printed first
+    assert "Flags=MAINT" in reservation()  # no job starts
+    newest = on("ctl", "bash", "-c", f"ls -d {BACKUP}/ctl-* | tail -1")
+    assert "slurmctld-state.tar.gz" in on("ctl", "ls", newest)
+    state = on("ctl", "awk", "-F=", 'tolower($1) == "statesavelocation" {print $2}',
+               "/etc/slurm/slurm.conf")
+    assert on("ctl", "bash", "-c", f"tar -tzf {newest}/slurmctld-state.tar.gz | head -1") \
+        == state.lstrip("/") + "/"
+    assert on(DB, "bash", "-c", ". /etc/os-release; echo $VERSION_CODENAME") == "trixie"
+    assert slurmdbd_unit() == ("masked", "inactive")
+    assert history() == before  # MariaDB 11.8 took the tables over as they were
+    record = json.loads(Path(RUN_DIR / "run.json").read_text())
+    assert sorted(record["done"]) == ["backup", "move-dbd", "plan", "queue-save"]
+    print({name: d["seconds"] for name, d in record["done"].items()})
+
+
+def test_a_refused_conversion_stops_the_run_and_goes_back_to_its_dump(cluster: None) -> None:
+    """The conversion with slurmdbd.conf readable by others, which the new slurmdbd refuses
+    after the replayed step changed the database: the run stops at that step in one line,
+    the database goes back to the dump, slurmdbd stays held."""
+    before = history()
+    on(DB, "chmod", "0644", "/etc/slurm/slurmdbd.conf")
+    try:
+        rc, out, err = upgrade_run("--stop-after", "accounting")
+    finally:
+        on(DB, "chmod", "0600", "/etc/slurm/slurmdbd.conf")
+    assert rc == 1
+    assert steps_run(out) == ["accounting"]  # the steps done are not run again
+    assert err == (f"pyhpc: error: step accounting failed (exit 2; its output: {RUN_DIR}/"
+                   "accounting.log); fix the cause and run again: the run goes on from "
+                   "accounting\n")
+    log = (RUN_DIR / "accounting.log").read_text()
+    line = next(line for line in log.splitlines() if f"host {DB}: pyhpc-accounting-convert:" in line)
+    assert "slurmdbd 24.11" in line and "the database is back as it was" in line, line
+    assert history() == before
+    assert slurmdbd_unit() == ("masked", "inactive")
+    assert run_on(DB, "test", "-e", f"{STATE_DIR}/accounting-24.11").returncode == 1
+
+
+def test_the_next_run_converts_from_the_dump_keeps_every_job_and_starts_slurmdbd(
+        cluster: None) -> None:
+    before = history()
+    rc, out, err = upgrade_run("--stop-after", "accounting")
+    assert rc == 0, err
+    assert steps_run(out) == ["accounting"]
+    after = history()
+    assert after["schema"] == ["16"]
+    assert {k: v for k, v in after.items() if k != "schema"} == {
+        k: v for k, v in before.items() if k != "schema"}
+    assert slurmdbd_unit() == ("enabled", "active")
+    assert "started" in on(DB, "cat", f"{STATE_DIR}/accounting-24.11.log")
+    # the dump it went back to, private; the second try reloaded it before the replay
+    assert on(DB, "stat", "--format=%a %U", f"{STATE_DIR}/accounting-before-24.11.sql") == "600 root"
+    record = json.loads(Path(RUN_DIR / "run.json").read_text())
+    print(f"conversion: {record['done']['accounting']['seconds']} s")
+
+    rc, out, err = upgrade_run("--stop-after", "accounting")
+    assert rc == 0, err
+    assert steps_run(out) == [] and "nothing changed" in out
+    rc, out, _ = make("upgrade-accounting")
+    assert rc == 0, out[-3000:]
+    assert recap(out)[DB]["changed"] == 0
+
+
+def test_an_upgrade_called_off_gives_the_queue_back(cluster: None) -> None:
+    """Stopped after the accounting host, the upgrade is called off: queue restore on the
+    controller, which kept its state, releases what save held and removes the reservation.
+    The 22.05 controller runs jobs with 24.11's slurmdbd, as SchedMD's order allows."""
+    on("ctl", *PYHPC, "admin", "upgrade", "queue", "restore")
+    assert "pyhpc-upgrade" not in reservation()
+    job = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--wrap", "true")
+    wait_for(f"job {job} done, in accounting", lambda: run_on(
+        "login", "sacct", "-nXP", "-j", job, "--format=State").stdout.strip() == "COMPLETED")
+
+
 def test_the_host_moves_to_debian_13_with_slurm_held_and_the_cluster_runs_on(cluster: None) -> None:
     rc, out, took = debian_release(HOST)
     assert rc == 0, out[-3000:]
@@ -151,77 +312,31 @@ def test_a_second_move_changes_nothing(cluster: None) -> None:
     print(f"second run: {took:.1f} s")
 
 
-def db_sql(query: str) -> list[str]:
-    return on(DB, "mysql", "-N", "-B", DATABASE, "-e", query).splitlines()
 
 
-def history() -> dict[str, object]:
-    """What accounting holds of every job, read from its tables (sacct needs a slurmctld
-    of the same release, which the moved db does not have yet)."""
-    cluster = db_sql("select name from cluster_table where deleted = 0")[0]
-    return {"schema": db_sql("select version from convert_version_table"),
-            "jobs": db_sql(f"select id_job, id_user, account, exit_code, time_end - time_start, "
-                           f"tres_alloc from {cluster}_job_table order by job_db_inx"),
-            "steps": db_sql(f"select job_db_inx, id_step, exit_code, tres_alloc from "
-                            f"{cluster}_step_table order by job_db_inx, id_step"),
-            "associations": db_sql(f"select user, acct, max_jobs from {cluster}_assoc_table "
-                                   "where deleted = 0 order by id_assoc")}
-
-
-def slurmdbd_unit() -> tuple[str, str]:
-    return (run_on(DB, "systemctl", "is-enabled", "slurmdbd").stdout.strip(),
-            run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip())
-
-
-def test_the_accounting_host_moves_and_a_failed_conversion_goes_back_to_its_dump(
-        cluster: None) -> None:
-    """db moved (slurmdbd 24.11 held), then the conversion with slurmdbd.conf readable by
-    others, which the new slurmdbd refuses after the replayed step changed the database:
-    the database goes back to the dump, slurmdbd stays held, one line. Before it, history
-    of its own: an array of six tasks, half of them failing, with their steps."""
-    array = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--array=0-5",
-               "--wrap", 'srun true; exit $((SLURM_ARRAY_TASK_ID % 2))')
-    wait_for(f"array {array} done", lambda: sorted(run_on(
-        "login", "sacct", "-nXP", "-j", array, "--format=State").stdout.split()) == [
-            "COMPLETED"] * 3 + ["FAILED"] * 3, timeout=300)
-    before = history()
-    assert before["schema"] == ["12"] and len(before["jobs"]) >= 7, before
-    assert len(before["steps"]) >= 12, before  # each task's batch step and its srun
-    rc, out, took = debian_release(DB)
+def test_release_finish_unmasks_what_the_moves_held_once(cluster: None) -> None:
+    """The run's release-finish step on its own (ansible/release_finish.yml): each moved
+    host's held units unmasked for the deploy to start, the move marked finished; hosts
+    not moved left alone; a second run changes nothing. (Setting slurmctld's state aside
+    needs a moved controller: the whole run's.)"""
+    rc, out = release_finish()
     assert rc == 0, out[-3000:]
-    print(f"{DB} moved in {took:.1f} s")
-    assert slurmdbd_unit() == ("masked", "inactive")
-    assert history() == before  # MariaDB 11.8 took the tables over as they were
-
-    on(DB, "chmod", "0644", "/etc/slurm/slurmdbd.conf")
-    try:
-        rc, out, _ = make("upgrade-accounting")
-    finally:
-        on(DB, "chmod", "0600", "/etc/slurm/slurmdbd.conf")
-    assert rc != 0
-    line = next(line for line in out.splitlines() if f"host {DB}: pyhpc-accounting-convert:" in line)
-    assert "slurmdbd 24.11" in line and "the database is back as it was" in line, line
-    assert history() == before
-    assert slurmdbd_unit() == ("masked", "inactive")
-    assert run_on(DB, "test", "-e", f"{STATE_DIR}/accounting-24.11").returncode == 1
-
-
-def test_the_conversion_resumes_from_the_dump_keeps_every_job_and_starts_slurmdbd(
-        cluster: None) -> None:
-    before = history()
-    start = time.monotonic()
-    rc, out, _ = make("upgrade-accounting")
-    assert rc == 0, out[-3000:]
-    print(f"conversion: {time.monotonic() - start:.1f} s")
-    after = history()
-    assert after["schema"] == ["16"]
-    assert {k: v for k, v in after.items() if k != "schema"} == {
-        k: v for k, v in before.items() if k != "schema"}
+    assert run_on(HOST, "systemctl", "is-enabled", "slurmd").stdout.strip() == "enabled"
+    assert run_on(HOST, "systemctl", "is-active", "slurmd").stdout.strip() == "inactive"
+    assert on(HOST, "cat", f"{STATE_DIR}/finished") == "slurmd.service"
+    assert on(DB, "cat", f"{STATE_DIR}/finished") == "slurmdbd.service"
     assert slurmdbd_unit() == ("enabled", "active")
-    assert "started" in on(DB, "cat", f"{STATE_DIR}/accounting-24.11.log")
-    # the dump it went back to, private; the second try reloaded it before the replay
-    assert on(DB, "stat", "--format=%a %U", f"{STATE_DIR}/accounting-before-24.11.sql") == "600 root"
-
-    rc, out, _ = make("upgrade-accounting")
+    assert run_on("ctl", "test", "-e", f"{STATE_DIR}/finished").returncode == 1
+    rc, out = release_finish()
     assert rc == 0, out[-3000:]
-    assert recap(out)[DB]["changed"] == 0
+    assert all(row["changed"] == 0 for row in recap(out).values()), out[-3000:]
+
+
+def release_finish() -> tuple[int, str]:
+    argv = [str(paths.ROOT / ".venv" / "bin" / "ansible-playbook"), "-i",
+            str(INVENTORY_DIR / "hosts.yml"), str(paths.ROOT / "ansible" / "release_finish.yml")]
+    proc = subprocess.run(argv, cwd=paths.ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, ANSIBLE_CONFIG=str(paths.ROOT / "ansible" /
+                                                                  "ansible.cfg")))
+    print(proc.stdout[-4000:], proc.stderr)
+    return proc.returncode, proc.stdout + proc.stderr

@@ -11,7 +11,8 @@ import pytest
 from pyhpc import paths
 
 BIN = Path(sys.executable).parent
-PLAYBOOKS = ["ansible/site.yml", "ansible/validate.yml", "ansible/undeploy.yml", "ansible/release.yml"]
+PLAYBOOKS = ["ansible/site.yml", "ansible/validate.yml", "ansible/undeploy.yml", "ansible/release.yml",
+             "ansible/accounting.yml", "ansible/release_finish.yml"]
 
 
 def _run(argv: list[str], cwd: Path = paths.ROOT) -> subprocess.CompletedProcess[str]:

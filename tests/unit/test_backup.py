@@ -272,7 +272,7 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(backup, "LOCK", tmp_path / "lock")
     monkeypatch.setattr(backup, "TEXTFILE_DIR", tmp_path / "textfile")
     monkeypatch.setattr(backup, "_host", lambda: "db")
-    monkeypatch.setattr(backup, "_parts", lambda cluster: {
+    monkeypatch.setattr(backup, "_parts", lambda cluster, state=False: {
         "files.tar.gz": lambda out: out.write(b"state")})
     return tmp_path / "backups"
 
@@ -313,7 +313,7 @@ def test_a_full_disk_is_one_line_and_keeps_nothing(here: Path,
         out.write(b"half")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(backup, "_parts", lambda cluster: {"files.tar.gz": full})
+    monkeypatch.setattr(backup, "_parts", lambda cluster, state=False: {"files.tar.gz": full})
     with pytest.raises(backup_store.BackupError) as caught:
         backup.now(lab_with(here))
     assert str(caught.value).startswith("backup: cannot write ")

@@ -139,8 +139,8 @@ def test_inventory_roles_default_to_the_controller_and_local_hosts_are_read_here
     assert list(hosts) == ["ctl", "cn1", "cn2", "login"]
     assert hosts["ctl"].roles == ("dbd", "directory", "monitor", "controller")
     assert hosts["ctl"].local and not hosts["cn1"].local
-    assert facts._argv(hosts["cn1"])[-2:] == ["admin@cn1", "sudo -n bash -s"]
-    assert "BatchMode=yes" in facts._argv(hosts["cn1"])
+    assert facts.shell_argv(hosts["cn1"])[-2:] == ["admin@cn1", "sudo -n bash -s"]
+    assert "BatchMode=yes" in facts.shell_argv(hosts["cn1"])
     with pytest.raises(UpgradeError, match="controller group is empty"):
         facts.from_listing({"compute": {"hosts": ["cn1"]}})
 
