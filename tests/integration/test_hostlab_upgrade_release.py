@@ -3,16 +3,17 @@ run` up to the accounting host, then one host moved on its own.
 
 - Bad input first: a pattern that names no host, a host without room and a host that is
   down each stop `make debian-release` in one line, nothing changed.
-- The run (from here, as an admin runs it where they deploy from): the plan, the queue
-  saved, the backups, db moved in place (the debian_release role: apt's sources, apt's two
-  steps, a reboot, checks) with slurmdbd 24.11 held. Then its database converted: a
-  refusal stops the run at that step and goes back to the dump; the next run goes on from
-  that step and keeps every job; a run after changes nothing. Then the upgrade is called
-  off: the queue comes back on the controller, which kept its state.
+- The run (from here, as an admin runs it where they deploy from), stopped after the
+  backups: the plan, the queue saved, the backups; called off there, the controller gives
+  the queue back.
+- The run again, to the accounting host: db moved in place (the debian_release role:
+  apt's sources, apt's two steps, a reboot, checks) with slurmdbd 24.11 held. Then its
+  database converted: a refusal stops the run at that step and goes back to the dump; the
+  next run goes on from that step and keeps every job; a run after changes nothing.
 - gpu2 moved with `make debian-release HOSTS=gpu2`: Debian 13 with every package
-  installed and Slurm 24.11's slurmd held, while the rest of the cluster runs jobs. A
-  second run changes nothing. Then the run's release-finish step on its own unmasks what
-  the moves held, once.
+  installed and Slurm 24.11's slurmd held, the other hosts as they were. A second run
+  changes nothing. Then the run's release-finish step on its own unmasks what the moves
+  held, once.
 
 Runs last of hostlab's modules: the next converge replaces the hosts it moved. The move's
 figures, each host and the package cache, are `make bench-upgrade-hosts`'s
@@ -84,6 +85,7 @@ def deployed_debian_12() -> bool:
         return False
     host = looks()
     return (host["release"] == "bookworm" and host["slurmd"] == "active"
+            and all(run_on(h, "test", "-e", STATE_DIR).returncode == 1 for h in MOVED_HOSTS)
             and node_states().get("cpu1") == "idle"
             and run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip() == "active")
 
@@ -92,8 +94,11 @@ def called_off() -> None:
     """What the run's steps left on hosts it did not move, away: the queue's reservation and
     record on ctl (restore gives back what save held), the run's record here."""
     if "pyhpc-upgrade" in reservation():
+        # After db's move, restore fails at the reservation: 22.05's slurmctld cannot reach
+        # 24.11's slurmdbd. slurmctld deletes it all the same.
         run_on("ctl", *PYHPC, "admin", "upgrade", "queue", "restore")
         run_on("login", "scontrol", "delete", "reservation=pyhpc-upgrade")
+        assert "pyhpc-upgrade" not in reservation()
     run_on("ctl", "rm", "-rf", "/var/lib/pyhpc/upgrade-queue")
     shutil.rmtree(RUN_DIR, ignore_errors=True)
 
@@ -184,14 +189,41 @@ def steps_run(out: str) -> list[str]:
 
 
 def reservation() -> str:
-    return run_on("login", "scontrol", "show", "reservation", "pyhpc-upgrade").stdout
+    """The upgrade's reservation as scontrol shows it; "" where there is none."""
+    proc = run_on("login", "scontrol", "show", "reservation", "pyhpc-upgrade")
+    return proc.stdout if proc.returncode == 0 else ""
 
 
-def test_the_run_saves_the_queue_backs_up_and_moves_the_accounting_host(cluster: None) -> None:
-    """`pyhpc admin upgrade run` up to the accounting host's move: the plan, the queue saved
-    (no job starts), the backups (the controller's with slurmctld's state), db moved with
-    slurmdbd held. Before it, history of its own: an array of six tasks, half of them
-    failing, with their steps."""
+def test_the_run_saves_the_queue_and_backs_up_and_can_be_called_off_then(cluster: None) -> None:
+    """`pyhpc admin upgrade run --stop-after backup`: the plan, the queue saved (no job
+    starts), the backups, the controller's with slurmctld's state. Called off there: queue
+    restore on the controller, which kept its state, gives the queue back."""
+    rc, out, err = upgrade_run("--deadline", "0", "--stop-after", "backup")
+    assert rc == 0, err
+    assert steps_run(out) == ["plan", "queue-save", "backup"]
+    assert "Phases, in order:" in out  # the plan, printed first
+    assert "Flags=MAINT" in reservation()  # no job starts
+    newest = on("ctl", "bash", "-c", f"ls -d {BACKUP}/ctl-* | tail -1")
+    assert "slurmctld-state.tar.gz" in on("ctl", "ls", newest)
+    state = on("ctl", "awk", "-F=", 'tolower($1) == "statesavelocation" {print $2}',
+               "/etc/slurm/slurm.conf")
+    assert on("ctl", "bash", "-c", f"tar -tzf {newest}/slurmctld-state.tar.gz | head -1") \
+        == state.lstrip("/") + "/"
+    record = json.loads(Path(RUN_DIR / "run.json").read_text())
+    print({name: d["seconds"] for name, d in record["done"].items()})
+
+    on("ctl", *PYHPC, "admin", "upgrade", "queue", "restore")
+    assert "pyhpc-upgrade" not in reservation()
+    job = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--wrap", "true")
+    wait_for(f"job {job} done", lambda: run_on(
+        "login", "sacct", "-nXP", "-j", job, "--format=State").stdout.strip() == "COMPLETED")
+    called_off()
+
+
+def test_the_run_moves_the_accounting_host(cluster: None) -> None:
+    """`pyhpc admin upgrade run` from the start again, up to the accounting host's move: db
+    moved with slurmdbd held. Before it, history of its own: an array of six tasks, half of
+    them failing, with their steps."""
     array = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--array=0-5",
                "--wrap", 'srun true; exit $((SLURM_ARRAY_TASK_ID % 2))')
     wait_for(f"array {array} done", lambda: sorted(run_on(
@@ -204,14 +236,7 @@ def test_the_run_saves_the_queue_backs_up_and_moves_the_accounting_host(cluster:
     rc, out, err = upgrade_run("--deadline", "0", "--stop-after", "move-dbd")
     assert rc == 0, err
     assert steps_run(out) == ["plan", "queue-save", "backup", "move-dbd"]
-    assert "Phases, in order:" in out  # the plan, printed first
     assert "Flags=MAINT" in reservation()  # no job starts
-    newest = on("ctl", "bash", "-c", f"ls -d {BACKUP}/ctl-* | tail -1")
-    assert "slurmctld-state.tar.gz" in on("ctl", "ls", newest)
-    state = on("ctl", "awk", "-F=", 'tolower($1) == "statesavelocation" {print $2}',
-               "/etc/slurm/slurm.conf")
-    assert on("ctl", "bash", "-c", f"tar -tzf {newest}/slurmctld-state.tar.gz | head -1") \
-        == state.lstrip("/") + "/"
     assert on(DB, "bash", "-c", ". /etc/os-release; echo $VERSION_CODENAME") == "trixie"
     assert slurmdbd_unit() == ("masked", "inactive")
     assert history() == before  # MariaDB 11.8 took the tables over as they were
@@ -268,18 +293,7 @@ def test_the_next_run_converts_from_the_dump_keeps_every_job_and_starts_slurmdbd
     assert recap(out)[DB]["changed"] == 0
 
 
-def test_an_upgrade_called_off_gives_the_queue_back(cluster: None) -> None:
-    """Stopped after the accounting host, the upgrade is called off: queue restore on the
-    controller, which kept its state, releases what save held and removes the reservation.
-    The 22.05 controller runs jobs with 24.11's slurmdbd, as SchedMD's order allows."""
-    on("ctl", *PYHPC, "admin", "upgrade", "queue", "restore")
-    assert "pyhpc-upgrade" not in reservation()
-    job = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--wrap", "true")
-    wait_for(f"job {job} done, in accounting", lambda: run_on(
-        "login", "sacct", "-nXP", "-j", job, "--format=State").stdout.strip() == "COMPLETED")
-
-
-def test_the_host_moves_to_debian_13_with_slurm_held_and_the_cluster_runs_on(cluster: None) -> None:
+def test_a_compute_host_moves_to_debian_13_with_slurm_held(cluster: None) -> None:
     rc, out, took = debian_release(HOST)
     assert rc == 0, out[-3000:]
     print(f"{HOST} moved in {took:.1f} s")
@@ -297,10 +311,10 @@ def test_the_host_moves_to_debian_13_with_slurm_held_and_the_cluster_runs_on(clu
     assert run_on(HOST, "test", "-e", "/etc/apt/apt.conf.d/80pyhpc-release-proxy").returncode == 1
     assert "packages done" in on(HOST, "cat", f"{STATE_DIR}/trixie.log")
 
-    # the hosts that did not move run jobs as before
-    job = on("login", "sbatch", "--parsable", "-p", "cpu", "-o", "/dev/null", "--wrap", "true")
-    wait_for(f"job {job} on cpu1 done", lambda: run_on(
-        "login", "sacct", "-nXP", "-j", job, "--format=State").stdout.strip() == "COMPLETED")
+    # the hosts that did not move go on as they were (no job starts: the run's reservation)
+    for other in ("cpu1", "gpu1"):
+        assert run_on(other, "systemctl", "is-active", "slurmd").stdout.strip() == "active"
+    assert {node_states()[n] for n in ("cpu1", "gpu1")} <= {"idle", "maint", "resv"}
 
 
 def test_a_second_move_changes_nothing(cluster: None) -> None:
