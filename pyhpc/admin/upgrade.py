@@ -37,8 +37,10 @@ PHASES = (("dbd", "the accounting host: MariaDB and slurmdbd, the database conve
           ("controller", "the controller: slurmctld (and slapd, Prometheus where they are)"),
           ("compute", "the compute hosts, all at once: slurmd"),
           ("login", "the login hosts: the Slurm clients, the hub"))
-#: Phases inside the time no job can start: until slurmctld and the nodes are back.
-BLOCKING = ("backup", "dbd", "controller", "compute")
+#: Phases inside the time no job can start: until slurmctld and the nodes are back. The
+#: login hosts count: the deploy that starts Slurm again configures every host at once, so
+#: it follows their move (pyhpc.admin.upgrade_run).
+BLOCKING = ("backup", "dbd", "controller", "compute", "login")
 #: The estimate's inputs, assumed. Each one a benchmark measured (RESULTS) replaces its
 #: assumption; the plan says which are which.
 ESTIMATE = {"host_upgrade_min": 20.0,        # apt full-upgrade to trixie and a reboot

@@ -73,8 +73,9 @@ STEPS = (
          "reservation removed"),
 )
 NAMES = tuple(s.name for s in STEPS)
-#: The inventory pattern each move names. A host in two groups moves with the first; the
-#: role leaves a moved host alone.
+#: The role whose hosts each move takes (the plan's roles: the accounting host is the
+#: controller where the inventory has no dbd group). A host in two roles moves with the
+#: first; a move with no host left does nothing.
 MOVES = {"move-dbd": "dbd", "move-controller": "controller", "move-compute": "compute",
          "move-login": "login"}
 
@@ -208,11 +209,28 @@ def do_backup(ctx: Context) -> int:
     return 0
 
 
+def moved_by(hosts: tuple[Host, ...]) -> dict[str, list[str]]:
+    """The hosts each move step takes, in SchedMD's order, each host once."""
+    taken: set[str] = set()
+    steps: dict[str, list[str]] = {}
+    for step, role in MOVES.items():
+        steps[step] = [h.name for h in hosts if role in h.roles and h.name not in taken]
+        taken.update(steps[step])
+    return steps
+
+
 def runners(ctx: Context) -> dict[str, Callable[[], int]]:
     """Each step's action; its exit status 0 when it ended well."""
-    def move(pattern: str, log: str) -> Callable[[], int]:
-        return lambda: playbook(ctx, "release.yml", "-e", f"debian_release_hosts={pattern}",
-                                log=log)
+    def move(step: str) -> Callable[[], int]:
+        names = moved_by(ctx.hosts)[step]
+
+        def go() -> int:
+            if not names:
+                print(f"no host left to move: the {MOVES[step]} hosts moved earlier")
+                return 0
+            return playbook(ctx, "release.yml", "-e",
+                            f"debian_release_hosts={':'.join(names)}", log=f"{step}.log")
+        return go
     acts: dict[str, Callable[[], int]] = {
         "plan": lambda: do_plan(ctx),
         "queue-save": lambda: do_queue_save(ctx, first=True),
@@ -224,7 +242,7 @@ def runners(ctx: Context) -> dict[str, Callable[[], int]]:
         "queue-restore": lambda: on_host(ctx, _controller(ctx), [*PYHPC, "admin", "upgrade",
                                          "queue", "restore"], "queue-restore.log"),
     }
-    acts.update({name: move(pattern, f"{name}.log") for name, pattern in MOVES.items()})
+    acts.update({name: move(name) for name in MOVES})
     return acts
 
 

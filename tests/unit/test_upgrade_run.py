@@ -225,3 +225,28 @@ def test_the_upgrades_backup_takes_slurmctlds_state_where_it_runs(
     inside = str(state).lstrip("/")
     assert names == sorted([inside, f"{inside}/hash.3", f"{inside}/hash.3/job.13",
                             f"{inside}/hash.3/job.13/script", f"{inside}/job_state"])
+
+
+def test_each_host_moves_once_in_schedmds_order_the_accounting_host_with_the_controller(
+        ) -> None:
+    listing = {"controller": {"hosts": ["ctl"]}, "compute": {"hosts": ["cn1", "cn2"]},
+               "login": {"hosts": ["login", "cn2"]}, "_meta": {"hostvars": {}}}
+    hosts = tuple(run.facts_mod.from_listing(listing))
+    assert run.moved_by(hosts) == {"move-dbd": ["ctl"], "move-controller": [],
+                                   "move-compute": ["cn1", "cn2"], "move-login": ["login"]}
+
+
+def test_a_move_with_no_host_left_runs_no_playbook(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    listing = {"controller": {"hosts": ["ctl"]}, "compute": {"hosts": ["cn1"]},
+               "_meta": {"hostvars": {}}}
+    hosts = tuple(run.facts_mod.from_listing(listing))
+    ran: list[tuple[str, ...]] = []
+    monkeypatch.setattr(run, "playbook", lambda ctx, name, *extra, log: ran.append(
+        (name, *extra)) or 0)
+    ctx = run.Context(tmp_path / "hosts.yml", tmp_path / "cluster.yml", lab(), hosts, "0",
+                      tmp_path)
+    steps = run.runners(ctx)
+    assert steps["move-controller"]() == 0 and steps["move-login"]() == 0 and ran == []
+    assert steps["move-dbd"]() == 0
+    assert ran == [("release.yml", "-e", "debian_release_hosts=ctl")]
