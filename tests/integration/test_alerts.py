@@ -132,18 +132,23 @@ def test_a_stopped_slurmdbd_fires_slurmdbd_unreachable() -> None:
 def runaway_record(job: int) -> None:
     """A job accounting holds as running that slurmctld never ran: the row a crash leaves
     (test_lost_jobs.py makes one by crashing slurmctld), written into slurmdbd's job table
-    with the association, user and partition of the lab's newest job."""
+    as root's in account lab, on partition cpu. From the association table, not from a job
+    the lab ran: a new lab has run none when this test comes first (seen in a clean
+    clone's CI: no row was written, and no runaway job was listed)."""
     started = int(time.time()) - 60
     sql = (
         "INSERT INTO lab_job_table (id_job, id_assoc, id_user, id_group, account, "
         "`partition`, job_name, state, time_submit, time_eligible, time_start, time_end, "
         "cpus_req, nodes_alloc, nodelist, id_resv, id_wckey, het_job_id, het_job_offset, "
         "state_reason_prev, priority, mod_time) "
-        f"SELECT {job}, id_assoc, id_user, id_group, account, `partition`, "
+        f"SELECT {job}, id_assoc, 0, 0, acct, 'cpu', "
         f"'pyhpc-alert-test', 1, {started}, {started}, {started}, 0, 1, 1, 'cpu1', 0, 0, 0, "
-        f"4294967294, 0, 1, {started} FROM lab_job_table WHERE account = 'lab' "
-        "ORDER BY job_db_inx DESC LIMIT 1")
+        f"4294967294, 0, 1, {started} FROM lab_assoc_table WHERE acct = 'lab' "
+        "AND user = 'root' AND deleted = 0 LIMIT 1")
     sh("mysql", "slurm_acct_db", "-e", sql)
+    written = sh("mysql", "-N", "slurm_acct_db", "-e",
+                 f"SELECT COUNT(*) FROM lab_job_table WHERE id_job = {job}")
+    assert written.stdout.strip() == "1", f"no runaway record written for job {job}: {written}"
 
 
 @pytest.mark.alone  # slurmdbd restarts after the runaway record is closed
