@@ -19,7 +19,7 @@ ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
 endif
 
-.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-backup bench-hostlab bench-upgrade-hosts bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
+.PHONY: help venv venv-deploy deploy undeploy purge status lab-up test test-debs unit lint integration bench bench-deploy bench-deep bench-crash bench-takeover bench-hub bench-workshop bench-backup bench-hostlab bench-upgrade-hosts bench-upgrade-run bench-monitoring bench-gpu bench-page docs docs-pictures containers clean \
 	hostlab hostlab-image hostlab-up hostlab-deploy hostlab-run hostlab-down debian-release upgrade-accounting
 
 help: ## Print this help.
@@ -125,6 +125,9 @@ bench-crash: venv lab-up ## Benchmark the controller-crash window: accepted jobs
 
 bench-upgrade-hosts: venv ## Benchmark hosts moved in place to Debian 13 on hostlab's Debian 12 hosts (HOSTLAB_RELEASE=bookworm make hostlab first): each host's time, apt's downloads, a package cache (~15 min; ends with hostlab-down).
 	$(PY) -m benchmarks.upgrade_hosts
+
+bench-upgrade-run: venv ## Benchmark the whole cluster moved to Debian 13 by pyhpc admin upgrade run on hostlab's Debian 12 cluster (HOSTLAB_RELEASE=bookworm make hostlab first): each step, each phase, the time no job can start (~10 min; ends with hostlab-down).
+	$(PY) -m benchmarks.upgrade_run
 
 bench-takeover: venv ## Benchmark a backup controller's takeover on hostlab as test_hostlab_takeover.py leaves it: ctl killed 3 times (~10 min).
 	$(PY) -m benchmarks.takeover
