@@ -355,6 +355,26 @@ TABLES = [
                              digits=2)),
            Row("all six moves, one after another",
                lambda f: num(f["summary"]["all_moves_s"] / 60, "min"))]),
+    Table("upgrade-run", "The whole cluster moved to Debian 13 by the run, hostlab",
+          "hostlab's six Debian 12 hosts as a deploy leaves them, with history (an array "
+          "that ran, a held job, one that begins later), moved by one `pyhpc admin upgrade "
+          "run --deadline 0 --stop-after deploy`: the plan, the queue saved, the backups, "
+          "db moved and its database converted, the controller, compute and login hosts "
+          "moved, the old state set aside, the deploy onto Debian 13. Not the queue's "
+          "restore: Debian 13 hosts have no pyhpc environment yet.",
+          "`make bench-upgrade-run` (after `HOSTLAB_RELEASE=bookworm make hostlab`; "
+          "~15 min)",
+          [Row("each step", lambda f: ", ".join(
+               f"{step} {num(s, 's', 0)}" for step, s in f["steps_s"].items())),
+           Row("each phase", lambda f: ", ".join(
+               f"{phase} {num(s, 's', 0)}" for phase, s in f["phases_s"].items())),
+           Row("time no job can start (the queue's save to the deploy's end)",
+               lambda f: num(f["no_job_can_start_s"] / 60, "min")),
+           Row("the plan's estimate of it",
+               lambda f: num(f["plan_estimate_min"], "min")
+               if f["plan_estimate_min"] is not None else "—"),
+           Row("after: Slurm, node states", lambda f: f"{f['after']['slurm']}, "
+               + ", ".join(f["after"]["node_states"]))]),
     Table("monitoring", "Monitoring's cost",
           "A training job's samples/s with monitoring on and off (ABBA); each exporter's "
           "scrape at 4 and 68 nodes; Slurm commands per scrape with 1,000 jobs queued.",

@@ -86,8 +86,21 @@ def history() -> dict[str, str]:
             raise SystemExit(f"benchmarks.upgrade_run: array {array} did not end in 300 s")
         time.sleep(2)
     user = "runuser -u user1 -- sbatch --parsable -p cpu -o /dev/null"
-    return {"array": array, "held": on("login", f"{user} --hold --wrap true"),
+    jobs = {"array": array, "held": on("login", f"{user} --hold --wrap true"),
             "later": on("login", f"{user} --begin=now+2hours --wrap true")}
+    recorded(",".join(jobs.values()), JOBS + 2)
+    return jobs
+
+
+def recorded(ids: str, rows: int) -> None:
+    """Wait until accounting lists ``rows`` jobs of ``ids``: slurmctld sends its records to
+    slurmdbd a moment later (a first run read 5 of 8 rows before the upgrade)."""
+    deadline = time.monotonic() + 120
+    while len(on("login", f"sacct -anXP -j {ids} --format=JobID").splitlines()) < rows:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"benchmarks.upgrade_run: accounting did not list {rows} jobs "
+                             f"of {ids} in 120 s")
+        time.sleep(2)
 
 
 def main() -> int:
