@@ -333,12 +333,18 @@ def test_release_finish_unmasks_what_the_moves_held_once(cluster: None) -> None:
     host's held units unmasked for the deploy to start, the move marked finished; hosts
     not moved left alone; a second run changes nothing. (Setting slurmctld's state aside
     needs a moved controller: the whole run's.)"""
+    # db's move held slurmdbd, and slurmctld too where test_hostlab_takeover, just before,
+    # left it there as the backup controller.
+    held = on(DB, "cat", f"{STATE_DIR}/masked").split()
+    assert "slurmdbd.service" in held and set(held) <= {"slurmdbd.service", "slurmctld.service"}
     rc, out = release_finish()
     assert rc == 0, out[-3000:]
     assert run_on(HOST, "systemctl", "is-enabled", "slurmd").stdout.strip() == "enabled"
     assert run_on(HOST, "systemctl", "is-active", "slurmd").stdout.strip() == "inactive"
     assert on(HOST, "cat", f"{STATE_DIR}/finished") == "slurmd.service"
-    assert on(DB, "cat", f"{STATE_DIR}/finished") == "slurmdbd.service"
+    assert on(DB, "cat", f"{STATE_DIR}/finished").split() == held
+    for unit in held:
+        assert run_on(DB, "systemctl", "is-enabled", unit).stdout.strip() == "enabled", unit
     assert slurmdbd_unit() == ("enabled", "active")
     assert run_on("ctl", "test", "-e", f"{STATE_DIR}/finished").returncode == 1
     rc, out = release_finish()
