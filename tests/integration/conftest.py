@@ -4,7 +4,8 @@
 in one, in their order, and the lab's in the other, in theirs. Each test holds the machine
 shared for its whole protocol (fixtures included); a test marked ``alone`` (it measures CPU
 rates, or restarts the lab's daemons under the other worker's jobs) holds it alone: the
-other worker finishes its current test and waits. Run without workers, nothing waits.
+other worker finishes its current test and waits (alone tests one after another hold it
+once). Run without workers, nothing waits.
 
 A fixture that raises `Unavailable` (hostlab's hosts did not come up) errors the first test
 with its one line; each later test that meets the same line skips on it, so an unrepairable
@@ -13,6 +14,7 @@ hostlab is one error, not one per test.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -57,10 +59,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(group(item)))
 
 
+def alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+#: The machine as this worker holds it across tests (at most one hold): a run of `alone`
+#: tests holds it once, so the other worker finishes its current test (a hostlab converge:
+#: minutes) once before the run, not once before each of its tests.
+HELD: list[ExitStack] = []
+
+
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    with machine(alone=item.get_closest_marker("alone") is not None):
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not HELD:  # else held alone by the test before, in the same run
+        hold = ExitStack()
+        hold.enter_context(machine(alone=alone(item)))
+        HELD.append(hold)
+    try:
         return (yield)
+    finally:
+        if not (alone(item) and alone(nextitem)):
+            HELD.pop().close()
 
 
 #: The lines of `Unavailable` already reported in this run (hostlab's modules share a worker).

@@ -115,7 +115,6 @@ def sacct_answers() -> bool:
     return bool(sh("sacct", "-n", "-X", "-a", "-S", "now", check=False).returncode == 0)
 
 
-@pytest.mark.alone  # slurmdbd stops: the other worker's jobs would miss accounting
 def test_a_stopped_slurmdbd_fires_slurmdbd_unreachable() -> None:
     resolves("SlurmdbdUnreachable")
     sh("service", "pyhpc-slurmdbd", "stop")
@@ -151,7 +150,6 @@ def runaway_record(job: int) -> None:
     assert written.stdout.strip() == "1", f"no runaway record written for job {job}: {written}"
 
 
-@pytest.mark.alone  # slurmdbd restarts after the runaway record is closed
 def test_a_runaway_record_fires_slurm_runaway_jobs() -> None:
     job = 60_000_000 + os.getpid() % 1_000_000  # far above any id the lab has given
     sh("sacctmgr", "-i", "show", "runawayjobs", check=False)  # another test's, left over
