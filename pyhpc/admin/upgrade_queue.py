@@ -206,10 +206,12 @@ def check_job_ids(state: dict[str, Any], conf: dict[str, str]) -> None:
     """Refused where slurmctld started without its state and below the recorded first
     job id: its new jobs would take ids old jobs have in accounting, in users' folders
     and in jobstats' files. A slurmctld that kept its state counts on from where save saw
-    it (its FirstJobId below that), and passes."""
+    it, and passes: its FirstJobId below that, or the recorded id itself, which the deploy
+    sets while the record is there (an upgrade rolled back before the controller moved)."""
     floor = state[store.FIRST_JOB_ID]
     next_id = ctl.config_number(conf, "NEXT_JOB_ID")
-    kept = next_id >= state["next_job_id"] > ctl.config_number(conf, "FirstJobId")
+    first = ctl.config_number(conf, "FirstJobId")
+    kept = next_id >= state["next_job_id"] and (state["next_job_id"] > first or first >= floor)
     if floor and next_id < floor and not kept:
         raise QueueError(f"FirstJobId: slurmctld's next job id is {next_id}, below {floor}, the "
                          f"first id no old job had; set FirstJobId={floor} in slurm.conf (the "

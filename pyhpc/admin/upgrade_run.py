@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ STEPS = (
          "reservation removed"),
 )
 NAMES = tuple(s.name for s in STEPS)
+#: The line ``pyhpc admin backup now`` ends with (pyhpc.cli.admin.cmd_backup_now).
+BACKUP_MADE = re.compile(r"backup ([\w.-]+): \d+ bytes ")
 #: The role whose hosts each move takes (the plan's roles: the accounting host is the
 #: controller where the inventory has no dbd group). A host in two roles moves with the
 #: first; a move with no host left does nothing.
@@ -89,9 +92,12 @@ class Context:
     hosts: tuple[Host, ...]
     deadline: str
     logs: Path
+    #: The run's record: a step that learns what a later one needs keeps it there (the
+    #: backup step, each host's backup's name, for a rollback).
+    record: dict[str, Any] = field(default_factory=dict)
 
 
-def _now() -> str:
+def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -99,7 +105,7 @@ class StepFailed(UpgradeError):
     """A step ended badly: the run stops there (exit 1); a second run goes on from it."""
 
 
-def _read(top: Path) -> dict[str, Any] | None:
+def read(top: Path) -> dict[str, Any] | None:
     if not os.path.lexists(top / RECORD):
         return None
     try:
@@ -121,17 +127,18 @@ def _make(top: Path) -> None:
         raise UpgradeError(str(exc)) from None
 
 
-def _write(top: Path, data: dict[str, Any]) -> None:
+def write(top: Path, data: dict[str, Any]) -> None:
     files.write_text(top / RECORD, json.dumps(data, indent=1, sort_keys=True) + "\n",
                      "upgrade run record", 0o600)
 
 
 def _stream(argv: list[str], log: Path, stdin: str | None = None,
-            env: dict[str, str] | None = None) -> int:
-    """Run argv, its output both printed and kept in ``log`` (0600, never through a link)."""
+            env: dict[str, str] | None = None, seen: list[str] | None = None) -> int:
+    """Run argv, its output both printed and kept in ``log`` (0600, never through a link),
+    and its lines added to ``seen``."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(f"=== {_now()} $ {shlex.join(argv)}\n")
+        out.write(f"=== {now()} $ {shlex.join(argv)}\n")
         out.flush()
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else
                                 subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -144,6 +151,8 @@ def _stream(argv: list[str], log: Path, stdin: str | None = None,
         for line in proc.stdout:
             sys.stdout.write(line)
             out.write(line)
+            if seen is not None:
+                seen.append(line)
         rc = proc.wait(timeout=STEP_TIMEOUT_S)
         out.write(f"=== exit {rc}\n")
     return rc
@@ -167,14 +176,19 @@ def playbook(ctx: Context, name: str, *extra: str, log: str) -> int:
     return _stream(argv, ctx.logs / log, env=env)
 
 
-def on_host(ctx: Context, host: Host, argv: list[str], log: str) -> int:
+def on_host(ctx: Context, host: Host, argv: list[str], log: str,
+            seen: list[str] | None = None) -> int:
     """``argv`` as root on ``host``, reached as the plan reaches it."""
     return _stream(facts_mod.shell_argv(host), ctx.logs / log,
-                   stdin=f"exec {shlex.join(argv)}\n")
+                   stdin=f"exec {shlex.join(argv)}\n", seen=seen)
+
+
+def controller_of(hosts: tuple[Host, ...]) -> Host:
+    return next(h for h in hosts if "controller" in h.roles)
 
 
 def _controller(ctx: Context) -> Host:
-    return next(h for h in ctx.hosts if "controller" in h.roles)
+    return controller_of(ctx.hosts)
 
 
 def _backed_up(ctx: Context) -> list[Host]:
@@ -183,13 +197,13 @@ def _backed_up(ctx: Context) -> list[Host]:
 
 
 def do_plan(ctx: Context) -> int:
-    found = facts_mod.gather(list(ctx.hosts), ctx.cluster.name, *_plan_args(ctx.cluster))
+    found = facts_mod.gather(list(ctx.hosts), ctx.cluster.name, *plan_args(ctx.cluster))
     p = upgrade_plan.build(ctx.cluster, found)
     print(upgrade_plan.text(p))
     return 0
 
 
-def _plan_args(cluster: Cluster) -> tuple[str, str]:
+def plan_args(cluster: Cluster) -> tuple[str, str]:
     d = cluster.directory
     return (d.base_dn if d is not None and d.managed else "",
             cluster.backup.path if cluster.backup is not None else "")
@@ -202,10 +216,21 @@ def do_queue_save(ctx: Context, first: bool) -> int:
 
 
 def do_backup(ctx: Context) -> int:
+    """Each host's backup; their names kept in the record (``backups``: host -> name), the
+    ones a rollback restores."""
+    names: dict[str, str] = {}
     for host in _backed_up(ctx):
-        rc = on_host(ctx, host, [*PYHPC, "admin", "backup", "now", "--state"], "backup.log")
+        seen: list[str] = []
+        rc = on_host(ctx, host, [*PYHPC, "admin", "backup", "now", "--state"], "backup.log",
+                     seen)
         if rc != 0:
             return rc
+        made = [m.group(1) for line in seen if (m := BACKUP_MADE.match(line))]
+        if len(made) != 1:
+            raise UpgradeError(f"host {host.name}: pyhpc admin backup now named no backup "
+                               f"(its output: {ctx.logs / 'backup.log'})")
+        names[host.name] = made[0]
+    ctx.record["backups"] = names
     return 0
 
 
@@ -276,27 +301,32 @@ def carry_out(record: dict[str, Any], top: Path, acts: dict[str, Callable[[], in
             raise StepFailed(f"step {step.name} failed (exit {rc}; its output: "
                              f"{top / (step.name + '.log')}); fix the cause and run again: "
                              f"the run goes on from {step.name}")
-        record["done"][step.name] = {"at": _now(),
+        record["done"][step.name] = {"at": now(),
                                      "seconds": round(time.monotonic() - started, 1)}
         _make(top)
-        _write(top, record)
+        write(top, record)
         if step.name == stop_after:
             break
     if all(name in record["done"] for name in NAMES) and "finished" not in record:
-        record["finished"] = _now()
-        _write(top, record)
+        record["finished"] = now()
+        write(top, record)
     return record
+
+
+def same_run(record: dict[str, Any], inventory: Path, cluster: Cluster, top: Path) -> None:
+    """Refused where the record under way is another cluster's or another inventory's."""
+    if record.get("inventory") != str(inventory) or record.get("cluster") != cluster.name:
+        raise UpgradeError(f"{top / RECORD}: an upgrade of cluster {record.get('cluster')} "
+                           f"from {record.get('inventory')} is under way; run it with that "
+                           "inventory, or move the record aside once it is over")
 
 
 def start(inventory: Path, cluster_file: Path, cluster: Cluster, deadline: str | None,
           top: Path) -> dict[str, Any]:
     """The record of a run under way, or a new one (which needs the deadline)."""
-    record = _read(top)
+    record = read(top)
     if record is not None:
-        if record.get("inventory") != str(inventory) or record.get("cluster") != cluster.name:
-            raise UpgradeError(f"{top / RECORD}: an upgrade of cluster {record.get('cluster')} "
-                               f"from {record.get('inventory')} is under way; run it with that "
-                               "inventory, or move the record aside once it is over")
+        same_run(record, inventory, cluster, top)
         if deadline is not None and deadline != record.get("deadline"):
             deadline_seconds(deadline)
             record["deadline"] = deadline
@@ -306,7 +336,7 @@ def start(inventory: Path, cluster_file: Path, cluster: Cluster, deadline: str |
                            "go on (seconds, or a number and s, m, h or d, up to 7d; 0: at once)")
     deadline_seconds(deadline)
     return {"cluster": cluster.name, "inventory": str(inventory), "deadline": deadline,
-            "started": _now(), "done": {}}
+            "started": now(), "done": {}}
 
 
 def run(cluster: Cluster, inventory: str | None, deadline: str | None,
@@ -324,7 +354,7 @@ def run(cluster: Cluster, inventory: str | None, deadline: str | None,
         return {**record, "changed": False}
     hosts = tuple(facts_mod.hosts(path))
     ctx = Context(path, paths.cluster_file().resolve(), cluster, hosts,
-                  str(record["deadline"]), top)
+                  str(record["deadline"]), top, record)
     before = set(record["done"])
     done = carry_out(record, top, runners(ctx), stop_after)
     return {**done, "changed": set(done["done"]) != before}

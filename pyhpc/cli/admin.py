@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from pyhpc import cluster, paths
-from pyhpc.admin import backup, directory_sync, restore, upgrade_queue, upgrade_run, workshop
+from pyhpc.admin import (
+    backup,
+    directory_sync,
+    restore,
+    upgrade_queue,
+    upgrade_rollback,
+    upgrade_run,
+    workshop,
+)
 from pyhpc.admin import upgrade as upgrade_plan
 
 
@@ -151,6 +159,16 @@ def cmd_upgrade_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade_rollback(args: argparse.Namespace) -> int:
+    try:
+        done = upgrade_rollback.rollback(_cluster(), args.inventory)
+    except upgrade_run.StepFailed as exc:
+        print(f"pyhpc: error: {exc}", file=sys.stderr)
+        return 1
+    _emit(done, args.json, upgrade_rollback.text(done))
+    return 0
+
+
 def cmd_queue_save(args: argparse.Namespace) -> int:
     done = upgrade_queue.save(args.deadline)
     _emit(done, args.json, upgrade_queue.text(done))
@@ -266,6 +284,16 @@ def add_commands(sub: Any) -> None:
                    f"{', '.join(upgrade_run.NAMES)}); the next run goes on from there")
     s.add_argument("--json", action="store_true", help="print the run's record as JSON")
     s.set_defaults(func=cmd_upgrade_run)
+    s = usub.add_parser("rollback", help="a run stopped before the controller's move, "
+                        "undone from where you deploy, as root, once you have reinstalled "
+                        "the moved hosts with the controller's release: the deploy, each "
+                        "moved accounting host's database from the run's backup, the queue "
+                        "given back; run again, it goes on from the step that did not end "
+                        "well")
+    s.add_argument("--inventory", metavar="HOSTS_YML", help="the Ansible inventory the "
+                   "upgrade runs on (required)")
+    s.add_argument("--json", action="store_true", help="print what was done as JSON")
+    s.set_defaults(func=cmd_upgrade_rollback)
     q = usub.add_parser("queue", help="the job queue across Slurm's unsupported jump: save "
                         "it before slurmctld loses its state, restore it after (as root on "
                         "the controller)")

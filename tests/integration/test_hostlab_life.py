@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
 
 INVENTORY_DIR = paths.ROOT / "ansible" / "inventories" / "hostlab"
 NEW_HOST = "cpu2"
-#: The hosts test_hostlab_upgrade_release.py moves to Debian 13 in place.
+#: The hosts test_hostlab_release.py moves to Debian 13 in place.
 MOVED_HOSTS = ("gpu2", "db")
 
 
@@ -106,7 +106,7 @@ def converge(release: str) -> None:
     """The repository's hostlab on hosts of `release`, converged, with no job left over."""
     # A run killed between adding a host and its teardown leaves that host up: away with it.
     _run([*HOSTLAB, "podman", "rm", "--force", "--ignore", NEW_HOST])
-    # Hosts test_hostlab_upgrade_release moved in place run Debian 13 in a Debian 12 image:
+    # Hosts test_hostlab_release moved in place run Debian 13 in a Debian 12 image:
     # away with them; up makes them again.
     moved = [host for host in MOVED_HOSTS
              if run_on(host, "test", "-e", "/var/lib/pyhpc/release").returncode == 0]

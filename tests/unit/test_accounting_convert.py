@@ -1,7 +1,7 @@
 """The accounting host's conversion (pyhpc/admin/accounting_convert.py), its steps and
 its going back, against stand-ins for mysql, mysqldump, systemctl and slurmdbd on PATH
 that keep a tiny "database" in files: its schema version and its jobs' fields. The real
-MariaDB and slurmdbd 24.11: tests/integration/test_hostlab_upgrade_release.py.
+MariaDB and slurmdbd 24.11: tests/integration/test_hostlab_release.py.
 """
 from __future__ import annotations
 

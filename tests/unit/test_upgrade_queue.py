@@ -377,6 +377,8 @@ def test_restore_refuses_a_slurmctld_started_empty_below_the_first_job_id() -> N
     upgrade_queue.check_job_ids(state, conf(60023345, first=60023340))
     upgrade_queue.check_job_ids(state, conf(400))  # slurmctld kept its state: it counts on
     upgrade_queue.check_job_ids(state, conf(412))
+    # kept, under the FirstJobId the deploy set from the record (a rollback's deploy)
+    upgrade_queue.check_job_ids(state, conf(400, first=60023340))
     upgrade_queue.check_job_ids(fresh(saved=True), conf(1))  # a record from before the key
 
 

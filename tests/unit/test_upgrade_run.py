@@ -1,7 +1,7 @@
 """`pyhpc admin upgrade run`'s sequence: SchedMD's order, the record of the steps that
 ended well, a second run going on from the one that did not, a run after the last one
 changing nothing, and its bad input in one line. The steps' own actions run on hostlab
-(tests/integration/test_hostlab_upgrade_release.py); here they are counted.
+(tests/integration/test_hostlab_release.py); here they are counted.
 """
 from __future__ import annotations
 

@@ -14,10 +14,15 @@ run` up to the accounting host, then one host moved on its own.
   installed and Slurm 24.11's slurmd held, the other hosts as they were. A second run
   changes nothing. Then the run's release-finish step on its own unmasks what the moves
   held, once.
+- The upgrade given up there: `pyhpc admin upgrade rollback` refuses while db and gpu2
+  run Debian 13; once they are reinstalled with Debian 12 (new containers, new volumes),
+  it deploys, restores db's accounting from the run's backup, and gives the queue back:
+  every job of before the upgrade as it was, and jobs run again.
 
-Runs last of hostlab's modules: the next converge replaces the hosts it moved. The move's
-figures, each host and the package cache, are `make bench-upgrade-hosts`'s
-(benchmarks/upgrade_hosts.py).
+Runs after test_hostlab_pyhpc_restore, on the hosts it converged (the repository's
+topology: the run's inventory is the one they were deployed from). A next converge
+replaces hosts left moved where the rollback failed. The move's figures, each host and
+the package cache, are `make bench-upgrade-hosts`'s (benchmarks/upgrade_hosts.py).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative, no package).
 from test_hostlab import HOSTLAB, HOSTS, SKIP, _run, mark_converged, on, run_on, status
-from test_hostlab_life import INVENTORY_DIR, MOVED_HOSTS, converge, node_states, wait_for
+from test_hostlab_life import INVENTORY_DIR, MOVED_HOSTS, converge, make_with, node_states, wait_for
 
 from benchmarks.hostlab import recap
 from pyhpc import paths
@@ -47,6 +52,8 @@ HOST, DB = MOVED_HOSTS
 STATE_DIR = "/var/lib/pyhpc/release"
 DATABASE = "slurm_acct_db"
 BACKUP = "/var/backups/pyhpc"  # backup.path in hostlab's cluster.yml
+#: What accounting held before db moved (test_the_run_moves_the_accounting_host's).
+BEFORE: dict[str, dict[str, object]] = {}
 
 
 def debian_release(hosts: str, *flags: str, timeout: int = 2400) -> tuple[int, str, float]:
@@ -78,13 +85,16 @@ def looks() -> dict[str, str]:
 
 
 def deployed_debian_12() -> bool:
-    """Whether hostlab's hosts all run, on Debian 12, with Slurm answering and HOST's slurmd
-    up: as test_hostlab_takeover leaves them, when it ran just before."""
+    """Whether hostlab's hosts all run, on Debian 12, deployed from the repository's
+    inventory (one controller), with Slurm answering and HOST's slurmd up: as
+    test_hostlab_pyhpc_restore leaves them, when it ran just before."""
     rows = status()
     if any(rows.get(host, {}).get("state") != "running" for host in HOSTS):
         return False
     host = looks()
+    controllers = run_on("login", "grep", "-c", "^SlurmctldHost=", "/etc/slurm/slurm.conf")
     return (host["release"] == "bookworm" and host["slurmd"] == "active"
+            and controllers.stdout.strip() == "1"
             and all(run_on(h, "test", "-e", STATE_DIR).returncode == 1 for h in MOVED_HOSTS)
             and node_states().get("cpu1") == "idle"
             and run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip() == "active")
@@ -105,16 +115,17 @@ def called_off() -> None:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    """Debian 12 hosts with the deploy's Slurm. The move needs a deployed Debian 12 host,
-    not the repository's topology: hosts as the module before left them are used as they
-    are; else the repository's hostlab is converged. The moved hosts stay: the next
-    converge replaces them (it knows a moved host by the move's state directory)."""
+    """Debian 12 hosts deployed from the repository's inventory, the run's (the rollback
+    deploys from it): as the module before left them where it converged them, else
+    converged. Hosts left moved (the rollback failed): the next converge replaces them (it
+    knows a moved host by the move's state directory)."""
     if not deployed_debian_12():
         converge("bookworm")
     called_off()
     yield
     called_off()
-    mark_converged(None)
+    if any(run_on(h, "test", "-e", STATE_DIR).returncode == 0 for h in MOVED_HOSTS):
+        mark_converged(None)
 
 
 def test_a_move_without_hosts_room_or_answer_stops_in_one_line_and_changes_nothing(cluster: None) -> None:
@@ -232,6 +243,7 @@ def test_the_run_moves_the_accounting_host(cluster: None) -> None:
     before = history()
     assert before["schema"] == ["12"] and len(before["jobs"]) >= 6, before
     assert len(before["steps"]) >= 12, before  # each task's batch step and its srun
+    BEFORE["history"] = before
 
     rc, out, err = upgrade_run("--deadline", "0", "--stop-after", "move-dbd")
     assert rc == 0, err
@@ -333,8 +345,8 @@ def test_release_finish_unmasks_what_the_moves_held_once(cluster: None) -> None:
     host's held units unmasked for the deploy to start, the move marked finished; hosts
     not moved left alone; a second run changes nothing. (Setting slurmctld's state aside
     needs a moved controller: the whole run's.)"""
-    # db's move held slurmdbd, and slurmctld too where test_hostlab_takeover, just before,
-    # left it there as the backup controller.
+    # db's move held slurmdbd, and slurmctld too where db was a backup controller (as
+    # test_hostlab_takeover leaves it).
     held = on(DB, "cat", f"{STATE_DIR}/masked").split()
     assert "slurmdbd.service" in held and set(held) <= {"slurmdbd.service", "slurmctld.service"}
     rc, out = release_finish()
@@ -360,3 +372,71 @@ def release_finish() -> tuple[int, str]:
                                                                   "ansible.cfg")))
     print(proc.stdout[-4000:], proc.stderr)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def reinstall(*hosts: str) -> None:
+    """Hosts reinstalled with Debian 12, as an admin re-images them: their containers and
+    volumes gone, new ones up from the Debian 12 image (hostlab's share of backups kept)."""
+    proc, _ = _run([*HOSTLAB, "podman", "volume", "ls", "--format", "{{.Name}}"])
+    _run([*HOSTLAB, "podman", "rm", "--force", *hosts])
+    for volume in (v for v in proc.stdout.split() if any(f"-{h}-" in v for h in hosts)):
+        _run([*HOSTLAB, "podman", "volume", "rm", volume])
+    make_with("hostlab-up", release="bookworm")
+
+
+def rollback() -> tuple[int, str, str]:
+    argv = [sys.executable, "-m", "pyhpc", "admin", "upgrade", "rollback", "--inventory",
+            str(INVENTORY_DIR / "hosts.yml")]
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=paths.ROOT, capture_output=True, text=True, timeout=3600,
+                          env=dict(os.environ, PYHPC_CLUSTER=str(INVENTORY_DIR / "cluster.yml")))
+    print(f"$ {' '.join(argv[1:])}  ({time.monotonic() - start:.1f} s, exit {proc.returncode})\n"
+          f"{proc.stdout[-4000:]}{proc.stderr}")
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None) -> None:
+    """Given up after db's move and conversion (and gpu2's): refused in one line while they
+    run Debian 13, nothing changed; reinstalled with Debian 12, the rollback deploys (db's
+    slurmdbd held for its restore), loads the run's backup on db, gives the queue back.
+    Then every job accounting held before the move is there as it was, and a job runs."""
+    assert "history" in BEFORE, "test_the_run_moves_the_accounting_host did not run first"
+    record = json.loads(Path(RUN_DIR / "run.json").read_text())
+    assert sorted(record["backups"]) == ["ctl", DB], record
+    rc, out, err = rollback()
+    assert rc == 2 and out == ""
+    assert err == (f"pyhpc: error: host {DB} (trixie), {HOST} (trixie): not on the "
+                   "controller's release, bookworm; reinstall them with bookworm (or return "
+                   "to a snapshot taken before the move), then roll back again (nothing "
+                   "changed)\n")
+    assert json.loads(Path(RUN_DIR / "run.json").read_text()) == record
+
+    reinstall(DB, HOST)
+    started = time.monotonic()
+    rc, out, err = rollback()
+    assert rc == 0, err
+    took = time.monotonic() - started
+    assert f"{DB}: accounting restored from {record['backups'][DB]}" in out
+    assert not (RUN_DIR / "run.json").exists()  # the next run starts a new upgrade
+    assert "pyhpc-upgrade" not in reservation()
+    assert run_on("ctl", "test", "-e", "/var/lib/pyhpc/upgrade-queue").returncode == 1
+    for host in MOVED_HOSTS:
+        assert on(host, "bash", "-c", ". /etc/os-release; echo $VERSION_CODENAME") == "bookworm"
+    assert on(DB, "dpkg-query", "--showformat=${Version}", "--show", "slurmdbd").startswith("22.05")
+    assert slurmdbd_unit() == ("enabled", "active")
+    after = history()
+    before = BEFORE["history"]
+    assert after["schema"] == before["schema"] == ["12"]
+    assert after["associations"] == before["associations"]
+    for key in ("jobs", "steps"):  # slurmctld may add what it queued; none lost or changed
+        assert set(before[key]) <= set(after[key]), (key, before[key], after[key])
+    wait_for("every node idle", lambda: set(node_states().values()) == {"idle"}, timeout=300)
+    job = on("login", "sbatch", "--parsable", "-p", "gpu", "-w", HOST, "-o", "/dev/null",
+             "--wrap", "true")
+    wait_for(f"job {job} done in accounting", lambda: run_on(
+        "login", "sacct", "-nXP", "-j", job, "--format=State").stdout.strip() == "COMPLETED")
+    print(f"rollback: {took:.1f} s")
+    mark_converged("bookworm")  # every host deployed from the repository's inventory
+
+    rc, out, err = rollback()
+    assert rc == 2 and "no upgrade run under way" in err
