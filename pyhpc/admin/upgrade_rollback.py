@@ -33,8 +33,8 @@ from pyhpc.admin.upgrade_releases import UpgradeError
 from pyhpc.cluster import Cluster
 
 STEPS = (
-    run.Step("deploy", "the deploy, onto the hosts as they were (a reinstalled accounting "
-             "host holds slurmdbd until its restore)"),
+    run.Step("deploy", "the deploy, onto every host (the reinstalled ones as they were; a "
+             "reinstalled accounting host holds slurmdbd until its restore)"),
     run.Step("restore", "each moved accounting host: its database from the run's backup, "
              "taken before it moved"),
     run.Step("queue-restore", "the controller: every recorded job released, the "
@@ -96,9 +96,8 @@ def runners(ctx: run.Context, gone: list[str],
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
     def deploy() -> int:
-        if not gone:
-            print("no host moved: nothing to deploy")
-            return 0
+        # Every time: a host moved by hand (make debian-release), outside the run's
+        # record, and reinstalled since is deployed too.
         return run.playbook(ctx, "site.yml", log="rollback-deploy.log")
 
     def restore() -> int:
@@ -117,13 +116,17 @@ def runners(ctx: run.Context, gone: list[str],
             print("the queue was not saved: nothing to give back")
             return 0
         queue = str(paths.UPGRADE_QUEUE)
+        log = "rollback-queue-restore.log"
+        if run.on_host(ctx, controller, ["test", "-e", queue], log) != 0:
+            print(f"{controller.name}: no {queue}: given back and set aside by an earlier "
+                  "rollback")
+            return 0
         rc = run.on_host(ctx, controller, [*run.PYHPC, "admin", "upgrade", "queue", "restore"],
-                         "rollback-queue-restore.log")
+                         log)
         if rc != 0:
             return rc
         return run.on_host(ctx, controller, ["mv", "--no-target-directory", "--no-clobber",
-                                             queue, f"{queue}.rolled-back-{stamp}"],
-                           "rollback-queue-restore.log")
+                                             queue, f"{queue}.rolled-back-{stamp}"], log)
 
     return {"deploy": deploy, "restore": restore, "queue-restore": queue_restore}
 

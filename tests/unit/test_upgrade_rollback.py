@@ -112,11 +112,13 @@ def test_the_steps_act_on_the_moved_hosts_only(tmp_path: Path,
     ran: list[tuple[str, ...]] = []
     monkeypatch.setattr(run, "playbook", lambda ctx, name, *extra, log: ran.append(
         ("playbook", name)) or 0)
+    queue_there = [0]
+
     def on_host(ctx: run.Context, host: Host, argv: list[str], log: str,
                 seen: list[str] | None = None) -> int:
         pyhpc = tuple(argv[:len(run.PYHPC)]) == run.PYHPC
         ran.append((host.name, *(argv[len(run.PYHPC):] if pyhpc else argv[:1])))
-        return 0
+        return queue_there[0] if argv[0] == "test" else 0
     monkeypatch.setattr(run, "on_host", on_host)
     ctx = run.Context(Path(INVENTORY), tmp_path / "cluster.yml", lab(), HOSTS, "0", tmp_path,
                       record("plan", "queue-save", "backup", "move-dbd"))
@@ -125,13 +127,19 @@ def test_the_steps_act_on_the_moved_hosts_only(tmp_path: Path,
         assert steps[name]() == 0
     assert ran == [("playbook", "site.yml"),
                    ("db", "admin", "restore", "db-20261207T000000Z", "--only", "accounting"),
-                   ("ctl", "admin", "upgrade", "queue", "restore"), ("ctl", "mv")]
+                   ("ctl", "test"), ("ctl", "admin", "upgrade", "queue", "restore"),
+                   ("ctl", "mv")]
+
+    ran.clear()  # again after the queue's record was set aside: nothing given back twice
+    queue_there[0] = 1
+    assert steps["queue-restore"]() == 0 and ran == [("ctl", "test")]
 
     ran.clear()  # called off before any host moved, before the queue was saved
     ctx = run.Context(Path(INVENTORY), tmp_path / "cluster.yml", lab(), HOSTS, "0", tmp_path,
                       record("plan"))
     steps = rollback.runners(ctx, [], {})
-    assert [steps[name]() for name in rollback.NAMES] == [0, 0, 0] and ran == []
+    assert [steps[name]() for name in rollback.NAMES] == [0, 0, 0]
+    assert ran == [("playbook", "site.yml")]  # a host moved by hand may be reinstalled
 
 
 def test_the_rollback_sets_the_runs_record_aside_and_refuses_bad_input_in_one_line(
