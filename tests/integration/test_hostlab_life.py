@@ -46,7 +46,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.hostlab,
 
 INVENTORY_DIR = paths.ROOT / "ansible" / "inventories" / "hostlab"
 NEW_HOST = "cpu2"
-#: The hosts test_hostlab_release.py moves to Debian 13 in place.
+#: The hosts test_hostlab_release.py works on: the move's refusals on gpu2, the move to
+#: Debian 13 in place on db (a converge replaces either where it is left moved).
 MOVED_HOSTS = ("gpu2", "db")
 
 

@@ -1,5 +1,5 @@
 """The upgrade to Debian 13 on hostlab's Debian 12 cluster (issue 46): `pyhpc admin upgrade
-run` up to the accounting host, then one host moved on its own.
+run` up to the accounting host, then rolled back.
 
 - Bad input first: a pattern that names no host, a host without room and a host that is
   down each stop `make debian-release` in one line, nothing changed.
@@ -7,16 +7,16 @@ run` up to the accounting host, then one host moved on its own.
   backups: the plan, the queue saved, the backups; called off there, the controller gives
   the queue back.
 - The run again, to the accounting host: db moved in place (the debian_release role:
-  apt's sources, apt's two steps, a reboot, checks) with slurmdbd 24.11 held. Then its
-  database converted: a refusal stops the run at that step and goes back to the dump; the
-  next run goes on from that step and keeps every job; a run after changes nothing.
-- gpu2 moved with `make debian-release HOSTS=gpu2`: Debian 13 with every package
-  installed and Slurm 24.11's slurmd held, the other hosts as they were. A second run
-  changes nothing. Then the run's release-finish step on its own unmasks what the moves
+  apt's sources, apt's two steps, a reboot, checks), the move's test (every host moves
+  the same way): Debian 13 with every package installed and slurmdbd 24.11 held, the
+  other hosts as they were; the move again on its own (`make debian-release HOSTS=db`)
+  changes nothing. Then its database converted: a refusal stops the run at that step and
+  goes back to the dump; the next run goes on from that step and keeps every job; a run
+  after changes nothing. The run's release-finish step on its own unmasks what the move
   held, once.
-- The upgrade given up there: `pyhpc admin upgrade rollback` refuses while db and gpu2
-  run Debian 13; once they are reinstalled with Debian 12 (new containers, new volumes),
-  it deploys, restores db's accounting from the run's backup, and gives the queue back:
+- The upgrade given up there: `pyhpc admin upgrade rollback` refuses while db runs
+  Debian 13; once db is reinstalled with Debian 12 (a new container, new volumes), it
+  deploys, restores db's accounting from the run's backup, and gives the queue back:
   every job of before the upgrade as it was, and jobs run again.
 
 Runs after test_hostlab_pyhpc_restore, on the hosts it converged (the repository's
@@ -250,11 +250,36 @@ def test_the_run_moves_the_accounting_host(cluster: None) -> None:
     assert steps_run(out) == ["plan", "queue-save", "backup", "move-dbd"]
     assert "Flags=MAINT" in reservation()  # no job starts
     assert on(DB, "bash", "-c", ". /etc/os-release; echo $VERSION_CODENAME") == "trixie"
+    assert on(DB, "dpkg", "--audit") == ""
+    assert on(DB, "dpkg-query", "--showformat=${Version}", "--show", "slurmdbd").startswith("24.11")
+    # held for the upgrade's next step: the database is converted first
     assert slurmdbd_unit() == ("masked", "inactive")
+    held = on(DB, "cat", f"{STATE_DIR}/masked").split()  # slurmctld too on a backup controller
+    assert "slurmdbd.service" in held and set(held) <= {"slurmdbd.service", "slurmctld.service"}
+    # apt's sources name trixie; the old file is kept beside; the move's proxy is gone
+    assert "bookworm" not in on(DB, "cat", "/etc/apt/sources.list")
+    assert "bookworm" in on(DB, "bash", "-c", "cat /etc/apt/sources.list.*~")
+    assert run_on(DB, "test", "-e", "/etc/apt/apt.conf.d/80pyhpc-release-proxy").returncode == 1
+    assert "packages done" in on(DB, "cat", f"{STATE_DIR}/trixie.log")
     assert history() == before  # MariaDB 11.8 took the tables over as they were
     record = json.loads(Path(RUN_DIR / "run.json").read_text())
     assert sorted(record["done"]) == ["backup", "move-dbd", "plan", "queue-save"]
     print({name: d["seconds"] for name, d in record["done"].items()})
+    # the hosts that did not move go on as they were (no job starts: the run's reservation)
+    for other in ("cpu1", "gpu1", HOST):
+        assert run_on(other, "systemctl", "is-active", "slurmd").stdout.strip() == "active"
+    assert {node_states()[n] for n in ("cpu1", "gpu1", HOST)} <= {"idle", "maint", "resv"}
+
+
+def test_a_second_move_changes_nothing(cluster: None) -> None:
+    """The move on its own (make debian-release, the run's move step) on the moved host."""
+    mark = on(DB, "stat", "--format=%Y", f"{STATE_DIR}/trixie")
+    rc, out, took = debian_release(DB)
+    assert rc == 0, out[-3000:]
+    assert recap(out)[DB]["changed"] == 0
+    assert on(DB, "stat", "--format=%Y", f"{STATE_DIR}/trixie") == mark
+    assert slurmdbd_unit() == ("masked", "inactive")
+    print(f"second run: {took:.1f} s")
 
 
 def test_a_refused_conversion_stops_the_run_and_goes_back_to_its_dump(cluster: None) -> None:
@@ -305,43 +330,8 @@ def test_the_next_run_converts_from_the_dump_keeps_every_job_and_starts_slurmdbd
     assert recap(out)[DB]["changed"] == 0
 
 
-def test_a_compute_host_moves_to_debian_13_with_slurm_held(cluster: None) -> None:
-    rc, out, took = debian_release(HOST)
-    assert rc == 0, out[-3000:]
-    print(f"{HOST} moved in {took:.1f} s")
-
-    assert on(HOST, "bash", "-c", ". /etc/os-release; echo $VERSION_CODENAME") == "trixie"
-    assert on(HOST, "dpkg", "--audit") == ""
-    assert on(HOST, "dpkg-query", "--showformat=${Version}", "--show", "slurmd").startswith("24.11")
-    # held for the upgrade's next step: a 24.11 slurmd does not join a 22.05 controller
-    assert run_on(HOST, "systemctl", "is-enabled", "slurmd").stdout.strip() == "masked"
-    assert run_on(HOST, "systemctl", "is-active", "slurmd").stdout.strip() == "inactive"
-    assert on(HOST, "cat", f"{STATE_DIR}/masked") == "slurmd.service"
-    # apt's sources name trixie; the old file is kept beside; the move's proxy is gone
-    assert "bookworm" not in on(HOST, "cat", "/etc/apt/sources.list")
-    assert "bookworm" in on(HOST, "bash", "-c", "cat /etc/apt/sources.list.*~")
-    assert run_on(HOST, "test", "-e", "/etc/apt/apt.conf.d/80pyhpc-release-proxy").returncode == 1
-    assert "packages done" in on(HOST, "cat", f"{STATE_DIR}/trixie.log")
-
-    # the hosts that did not move go on as they were (no job starts: the run's reservation)
-    for other in ("cpu1", "gpu1"):
-        assert run_on(other, "systemctl", "is-active", "slurmd").stdout.strip() == "active"
-    assert {node_states()[n] for n in ("cpu1", "gpu1")} <= {"idle", "maint", "resv"}
-
-
-def test_a_second_move_changes_nothing(cluster: None) -> None:
-    mark = on(HOST, "stat", "--format=%Y", f"{STATE_DIR}/trixie")
-    rc, out, took = debian_release(HOST)
-    assert rc == 0, out[-3000:]
-    assert recap(out)[HOST]["changed"] == 0
-    assert on(HOST, "stat", "--format=%Y", f"{STATE_DIR}/trixie") == mark
-    print(f"second run: {took:.1f} s")
-
-
-
-
 def test_release_finish_unmasks_what_the_moves_held_once(cluster: None) -> None:
-    """The run's release-finish step on its own (ansible/release_finish.yml): each moved
+    """The run's release-finish step on its own (ansible/release_finish.yml): the moved
     host's held units unmasked for the deploy to start, the move marked finished; hosts
     not moved left alone; a second run changes nothing. (Setting slurmctld's state aside
     needs a moved controller: the whole run's.)"""
@@ -351,14 +341,12 @@ def test_release_finish_unmasks_what_the_moves_held_once(cluster: None) -> None:
     assert "slurmdbd.service" in held and set(held) <= {"slurmdbd.service", "slurmctld.service"}
     rc, out = release_finish()
     assert rc == 0, out[-3000:]
-    assert run_on(HOST, "systemctl", "is-enabled", "slurmd").stdout.strip() == "enabled"
-    assert run_on(HOST, "systemctl", "is-active", "slurmd").stdout.strip() == "inactive"
-    assert on(HOST, "cat", f"{STATE_DIR}/finished") == "slurmd.service"
     assert on(DB, "cat", f"{STATE_DIR}/finished").split() == held
     for unit in held:
         assert run_on(DB, "systemctl", "is-enabled", unit).stdout.strip() == "enabled", unit
     assert slurmdbd_unit() == ("enabled", "active")
-    assert run_on("ctl", "test", "-e", f"{STATE_DIR}/finished").returncode == 1
+    for other in ("ctl", HOST):
+        assert run_on(other, "test", "-e", f"{STATE_DIR}/finished").returncode == 1
     rc, out = release_finish()
     assert rc == 0, out[-3000:]
     assert all(row["changed"] == 0 for row in recap(out).values()), out[-3000:]
@@ -396,22 +384,21 @@ def rollback() -> tuple[int, str, str]:
 
 
 def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None) -> None:
-    """Given up after db's move and conversion (and gpu2's): refused in one line while they
-    run Debian 13, nothing changed; reinstalled with Debian 12, the rollback deploys (db's
-    slurmdbd held for its restore), loads the run's backup on db, gives the queue back.
-    Then every job accounting held before the move is there as it was, and a job runs."""
+    """Given up after db's move and conversion: refused in one line while db runs Debian 13,
+    nothing changed; db reinstalled with Debian 12, the rollback deploys (db's slurmdbd
+    held for its restore), loads the run's backup on db, gives the queue back. Then every
+    job accounting held before the move is there as it was, and a job runs."""
     assert "history" in BEFORE, "test_the_run_moves_the_accounting_host did not run first"
     record = json.loads(Path(RUN_DIR / "run.json").read_text())
     assert sorted(record["backups"]) == ["ctl", DB], record
     rc, out, err = rollback()
     assert rc == 2 and out == ""
-    assert err == (f"pyhpc: error: host {DB} (trixie), {HOST} (trixie): not on the "
-                   "controller's release, bookworm; reinstall them with bookworm (or return "
-                   "to a snapshot taken before the move), then roll back again (nothing "
-                   "changed)\n")
+    assert err == (f"pyhpc: error: host {DB} (trixie): not on the controller's release, "
+                   "bookworm; reinstall it with bookworm (or return to a snapshot taken "
+                   "before the move), then roll back again (nothing changed)\n")
     assert json.loads(Path(RUN_DIR / "run.json").read_text()) == record
 
-    reinstall(DB, HOST)
+    reinstall(DB)
     started = time.monotonic()
     rc, out, err = rollback()
     assert rc == 0, err
@@ -420,8 +407,7 @@ def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None
     assert not (RUN_DIR / "run.json").exists()  # the next run starts a new upgrade
     assert "pyhpc-upgrade" not in reservation()
     assert run_on("ctl", "test", "-e", "/var/lib/pyhpc/upgrade-queue").returncode == 1
-    for host in MOVED_HOSTS:
-        assert on(host, "bash", "-c", ". /etc/os-release; echo $VERSION_CODENAME") == "bookworm"
+    assert on(DB, "bash", "-c", ". /etc/os-release; echo $VERSION_CODENAME") == "bookworm"
     assert on(DB, "dpkg-query", "--showformat=${Version}", "--show", "slurmdbd").startswith("22.05")
     assert slurmdbd_unit() == ("enabled", "active")
     after = history()
@@ -431,8 +417,8 @@ def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None
     for key in ("jobs", "steps"):  # slurmctld may add what it queued; none lost or changed
         assert set(before[key]) <= set(after[key]), (key, before[key], after[key])
     wait_for("every node idle", lambda: set(node_states().values()) == {"idle"}, timeout=300)
-    job = on("login", "sbatch", "--parsable", "-p", "gpu", "-w", HOST, "-o", "/dev/null",
-             "--wrap", "true")
+    job = on("login", "sbatch", "--parsable", "-p", "all", "-N", "3", "-o", "/dev/null",
+             "--wrap", "srun true")
     wait_for(f"job {job} done in accounting", lambda: run_on(
         "login", "sacct", "-nXP", "-j", job, "--format=State").stdout.strip() == "COMPLETED")
     print(f"rollback: {took:.1f} s")
