@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -149,24 +150,26 @@ def cmd_upgrade_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_upgrade_run(args: argparse.Namespace) -> int:
+def _steps(carry_out: Callable[[], dict[str, Any]], text: Callable[[dict[str, Any]], str],
+           as_json: bool) -> int:
+    """A command of steps (upgrade run, rollback): a step that failed exits 1 in one line."""
     try:
-        done = upgrade_run.run(_cluster(), args.inventory, args.deadline, args.stop_after)
+        done = carry_out()
     except upgrade_run.StepFailed as exc:
         print(f"pyhpc: error: {exc}", file=sys.stderr)
         return 1
-    _emit(done, args.json, upgrade_run.text(done))
+    _emit(done, as_json, text(done))
     return 0
+
+
+def cmd_upgrade_run(args: argparse.Namespace) -> int:
+    return _steps(lambda: upgrade_run.run(_cluster(), args.inventory, args.deadline,
+                                          args.stop_after), upgrade_run.text, args.json)
 
 
 def cmd_upgrade_rollback(args: argparse.Namespace) -> int:
-    try:
-        done = upgrade_rollback.rollback(_cluster(), args.inventory)
-    except upgrade_run.StepFailed as exc:
-        print(f"pyhpc: error: {exc}", file=sys.stderr)
-        return 1
-    _emit(done, args.json, upgrade_rollback.text(done))
-    return 0
+    return _steps(lambda: upgrade_rollback.rollback(_cluster(), args.inventory),
+                  upgrade_rollback.text, args.json)
 
 
 def cmd_queue_save(args: argparse.Namespace) -> int:

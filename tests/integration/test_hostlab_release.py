@@ -182,9 +182,10 @@ def slurmdbd_unit() -> tuple[str, str]:
             run_on(DB, "systemctl", "is-active", "slurmdbd").stdout.strip())
 
 
-def upgrade_run(*args: str) -> tuple[int, str, str]:
-    """`pyhpc admin upgrade run` from here, where hostlab is deployed from, on its inventory."""
-    argv = [sys.executable, "-m", "pyhpc", "admin", "upgrade", "run", "--inventory",
+def upgrade(command: str, *args: str) -> tuple[int, str, str]:
+    """`pyhpc admin upgrade COMMAND` (run, rollback) from here, where hostlab is deployed
+    from, on its inventory."""
+    argv = [sys.executable, "-m", "pyhpc", "admin", "upgrade", command, "--inventory",
             str(INVENTORY_DIR / "hosts.yml"), *args]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=paths.ROOT, capture_output=True, text=True, timeout=3600,
@@ -209,7 +210,7 @@ def test_the_run_saves_the_queue_and_backs_up_and_can_be_called_off_then(cluster
     """`pyhpc admin upgrade run --stop-after backup`: the plan, the queue saved (no job
     starts), the backups, the controller's with slurmctld's state. Called off there: queue
     restore on the controller, which kept its state, gives the queue back."""
-    rc, out, err = upgrade_run("--deadline", "0", "--stop-after", "backup")
+    rc, out, err = upgrade("run", "--deadline", "0", "--stop-after", "backup")
     assert rc == 0, err
     assert steps_run(out) == ["plan", "queue-save", "backup"]
     assert "Phases, in order:" in out  # the plan, printed first
@@ -245,7 +246,7 @@ def test_the_run_moves_the_accounting_host(cluster: None) -> None:
     assert len(before["steps"]) >= 12, before  # each task's batch step and its srun
     BEFORE["history"] = before
 
-    rc, out, err = upgrade_run("--deadline", "0", "--stop-after", "move-dbd")
+    rc, out, err = upgrade("run", "--deadline", "0", "--stop-after", "move-dbd")
     assert rc == 0, err
     assert steps_run(out) == ["plan", "queue-save", "backup", "move-dbd"]
     assert "Flags=MAINT" in reservation()  # no job starts
@@ -289,7 +290,7 @@ def test_a_refused_conversion_stops_the_run_and_goes_back_to_its_dump(cluster: N
     before = history()
     on(DB, "chmod", "0644", "/etc/slurm/slurmdbd.conf")
     try:
-        rc, out, err = upgrade_run("--stop-after", "accounting")
+        rc, out, err = upgrade("run", "--stop-after", "accounting")
     finally:
         on(DB, "chmod", "0600", "/etc/slurm/slurmdbd.conf")
     assert rc == 1
@@ -308,7 +309,7 @@ def test_a_refused_conversion_stops_the_run_and_goes_back_to_its_dump(cluster: N
 def test_the_next_run_converts_from_the_dump_keeps_every_job_and_starts_slurmdbd(
         cluster: None) -> None:
     before = history()
-    rc, out, err = upgrade_run("--stop-after", "accounting")
+    rc, out, err = upgrade("run", "--stop-after", "accounting")
     assert rc == 0, err
     assert steps_run(out) == ["accounting"]
     after = history()
@@ -322,7 +323,7 @@ def test_the_next_run_converts_from_the_dump_keeps_every_job_and_starts_slurmdbd
     record = json.loads(Path(RUN_DIR / "run.json").read_text())
     print(f"conversion: {record['done']['accounting']['seconds']} s")
 
-    rc, out, err = upgrade_run("--stop-after", "accounting")
+    rc, out, err = upgrade("run", "--stop-after", "accounting")
     assert rc == 0, err
     assert steps_run(out) == [] and "nothing changed" in out
     rc, out, _ = make("upgrade-accounting")
@@ -372,17 +373,6 @@ def reinstall(*hosts: str) -> None:
     make_with("hostlab-up", release="bookworm")
 
 
-def rollback() -> tuple[int, str, str]:
-    argv = [sys.executable, "-m", "pyhpc", "admin", "upgrade", "rollback", "--inventory",
-            str(INVENTORY_DIR / "hosts.yml")]
-    start = time.monotonic()
-    proc = subprocess.run(argv, cwd=paths.ROOT, capture_output=True, text=True, timeout=3600,
-                          env=dict(os.environ, PYHPC_CLUSTER=str(INVENTORY_DIR / "cluster.yml")))
-    print(f"$ {' '.join(argv[1:])}  ({time.monotonic() - start:.1f} s, exit {proc.returncode})\n"
-          f"{proc.stdout[-4000:]}{proc.stderr}")
-    return proc.returncode, proc.stdout, proc.stderr
-
-
 def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None) -> None:
     """Given up after db's move and conversion: refused in one line while db runs Debian 13,
     nothing changed; db reinstalled with Debian 12, the rollback deploys (db's slurmdbd
@@ -391,7 +381,7 @@ def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None
     assert "history" in BEFORE, "test_the_run_moves_the_accounting_host did not run first"
     record = json.loads(Path(RUN_DIR / "run.json").read_text())
     assert sorted(record["backups"]) == ["ctl", DB], record
-    rc, out, err = rollback()
+    rc, out, err = upgrade("rollback")
     assert rc == 2 and out == ""
     assert err == (f"pyhpc: error: host {DB} (trixie): not on the controller's release, "
                    "bookworm; reinstall it with bookworm (or return to a snapshot taken "
@@ -400,7 +390,7 @@ def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None
 
     reinstall(DB)
     started = time.monotonic()
-    rc, out, err = rollback()
+    rc, out, err = upgrade("rollback")
     assert rc == 0, err
     took = time.monotonic() - started
     assert f"{DB}: accounting restored from {record['backups'][DB]}" in out
@@ -424,5 +414,5 @@ def test_the_upgrade_rolls_back_to_debian_12_from_the_runs_backups(cluster: None
     print(f"rollback: {took:.1f} s")
     mark_converged("bookworm")  # every host deployed from the repository's inventory
 
-    rc, out, err = rollback()
+    rc, out, err = upgrade("rollback")
     assert rc == 2 and "no upgrade run under way" in err
