@@ -57,9 +57,9 @@ test-debs: ## Install the Debian packages the tests need (chromium, chromium-dri
 
 # Lint and unit tests use no lab and share no state: they run on one worker per CPU
 # (pytest-xdist). The integration tests run on two workers: hostlab's modules in one and
-# the lab's in the other, each in order (tests/integration/conftest.py); a test marked
-# `alone` (it measures what a quiet machine gives a job, or restarts the lab's daemons)
-# runs while the other worker waits. INTEGRATION_WORKERS=0 runs them one at a time.
+# the lab's in the other, each in order (tests/integration/conftest.py; the lab's `alone`
+# tests first); a test marked `alone` (it measures what a quiet machine gives a job, or
+# restarts the lab's daemons) runs while the other worker waits. INTEGRATION_WORKERS=0 runs them one at a time.
 # Both parts always run.
 CHECK_WORKERS ?= auto
 INTEGRATION_WORKERS ?= 2
