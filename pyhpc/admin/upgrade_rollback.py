@@ -27,6 +27,7 @@ from typing import Any
 from pyhpc import paths
 from pyhpc.admin import upgrade_facts as facts_mod
 from pyhpc.admin import upgrade_run as run
+from pyhpc.admin.backup_store import STAMP
 from pyhpc.admin.queue_store import check_root
 from pyhpc.admin.upgrade_facts import Host
 from pyhpc.admin.upgrade_releases import UpgradeError
@@ -93,7 +94,7 @@ def runners(ctx: run.Context, gone: list[str],
     """Each rollback step's action; its exit status 0 when it ended well."""
     by_name = {h.name: h for h in ctx.hosts}
     controller = run.controller_of(ctx.hosts)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime(STAMP)
 
     def deploy() -> int:
         # Every time: a host moved by hand (make debian-release), outside the run's
@@ -152,7 +153,7 @@ def carry_out(record: dict[str, Any], top: Path, acts: dict[str, Callable[[], in
 
 def set_aside(top: Path) -> Path:
     """The run's record moved aside: the next run starts a new upgrade."""
-    aside = top / f"rolled-back-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    aside = top / f"rolled-back-{datetime.now(UTC).strftime(STAMP)}.json"
     os.rename(top / run.RECORD, aside)
     return aside
 

@@ -187,10 +187,6 @@ def controller_of(hosts: tuple[Host, ...]) -> Host:
     return next(h for h in hosts if "controller" in h.roles)
 
 
-def _controller(ctx: Context) -> Host:
-    return controller_of(ctx.hosts)
-
-
 def _backed_up(ctx: Context) -> list[Host]:
     """The hosts that hold what the upgrade backs up: accounting, directory, controller."""
     return [h for h in ctx.hosts if {"dbd", "directory", "controller"} & set(h.roles)]
@@ -211,7 +207,7 @@ def plan_args(cluster: Cluster) -> tuple[str, str]:
 
 def do_queue_save(ctx: Context, first: bool) -> int:
     argv = [*PYHPC, "admin", "upgrade", "queue", "save"]
-    return on_host(ctx, _controller(ctx), argv + (["--deadline", ctx.deadline] if first else []),
+    return on_host(ctx, controller_of(ctx.hosts), argv + (["--deadline", ctx.deadline] if first else []),
                    "queue-save.log" if first else "queue-save-last.log")
 
 
@@ -264,7 +260,7 @@ def runners(ctx: Context) -> dict[str, Callable[[], int]]:
         "queue-save-last": lambda: do_queue_save(ctx, first=False),
         "release-finish": lambda: playbook(ctx, "release_finish.yml", log="release-finish.log"),
         "deploy": lambda: playbook(ctx, "site.yml", log="deploy.log"),
-        "queue-restore": lambda: on_host(ctx, _controller(ctx), [*PYHPC, "admin", "upgrade",
+        "queue-restore": lambda: on_host(ctx, controller_of(ctx.hosts), [*PYHPC, "admin", "upgrade",
                                          "queue", "restore"], "queue-restore.log"),
     }
     acts.update({name: move(name) for name in MOVES})

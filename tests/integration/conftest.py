@@ -71,20 +71,14 @@ def alone_first(items: list[pytest.Item]) -> None:
     hostlab's first, short test, not for a converge of up to 10 min (a clean clone's CI
     lost about 1,200 s to such waits). Each module's tests stay together; hostlab's order
     is kept."""
-    where = [i for i, item in enumerate(items) if group(item) == "lab"]
-    lab = [items[i] for i in where]
-    module = {id(item): item.nodeid.split("::")[0] for item in lab}
-    first_seen: dict[str, int] = {}
+    lab = [item for item in items if group(item) == "lab"]
+    holds = {item.path for item in lab if alone(item)}
+    first = {}
     for n, item in enumerate(lab):
-        first_seen.setdefault(module[id(item)], n)
-    holds = {module[id(item)] for item in lab if alone(item)}
-
-    def rank(n: int) -> tuple[int, int, int, int]:
-        item = lab[n]
-        name = module[id(item)]
-        return (name not in holds, first_seen[name], not alone(item), n)
-    for i, n in zip(where, sorted(range(len(lab)), key=rank), strict=True):
-        items[i] = lab[n]
+        first.setdefault(item.path, n)
+    ordered = iter(sorted(lab, key=lambda item: (  # stable: the rest keeps its order
+        item.path not in holds, first[item.path], not alone(item))))
+    items[:] = [next(ordered) if group(item) == "lab" else item for item in items]
 
 
 #: The machine as this worker holds it across tests (at most one hold): a run of `alone`
