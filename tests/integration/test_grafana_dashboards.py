@@ -71,7 +71,6 @@ def running_job() -> Iterator[str]:
         sh("scancel", job)
 
 
-@pytest.mark.alone  # its job takes both cores
 def test_every_panel_answers_with_series_for_a_running_job(running_job: str) -> None:
     values = {"cluster": cluster.load(paths.LAB_CLUSTER).name, "jobid": running_job,
               "user": "user1", "__rate_interval": RATE_INTERVAL}
@@ -89,7 +88,6 @@ def test_every_panel_answers_with_series_for_a_running_job(running_job: str) -> 
     assert asked >= 20 and not failed, "\n".join(failed)
 
 
-@pytest.mark.alone
 def test_every_variable_offers_the_running_jobs_values(running_job: str) -> None:
     values = {"cluster": cluster.load(paths.LAB_CLUSTER).name, "jobid": running_job,
               "user": "user1"}

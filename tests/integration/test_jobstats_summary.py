@@ -23,10 +23,9 @@ from test_monitoring import STORE, ended, jobstats, submit, until
 from pyhpc import paths
 from pyhpc.slurm import slurm
 
-# Alone, every test: the module's busy job (its fixture, set up by whichever test comes
-# first) needs both cores; another worker's test would take a share.
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current"),
-              pytest.mark.alone]
+# Not alone: both tools read the same job, so they agree whatever share of a core the busy
+# job gets beside hostlab's worker; only its floor below depends on that share.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("deployed_copy_is_current")]
 
 RUN_S = 150
 BUSY = ("python3 -c " + shlex.quote(
@@ -37,6 +36,10 @@ OPTIONS = "--cpus-per-task=1 --mem=1G --time=5"
 REPORTSEFF = str(paths.ROOT / ".venv" / "bin" / "reportseff")
 #: Points two tools may differ by (issue 48).
 POINTS = 5.0
+#: The busy job's CPU efficiency is at least this, in percent: well above the idle job's
+#: POINTS, and below the share of a core it gets while the other worker's converge keeps
+#: both cores busy (a spinning process among up to ten runnable ones gets a fifth of the two).
+BUSY_FLOOR = 3 * POINTS
 
 
 def pyhpc_figures(job: str) -> tuple[float, float]:
@@ -70,12 +73,12 @@ def finished() -> Iterator[dict[str, str]]:
 
 
 def assert_agree(name: str, theirs: tuple[float, float], ours: tuple[float, float]) -> None:
-    """Both tools' figures within :data:`POINTS`; the busy job near 100% CPU and over half
-    its memory, the idle one near 0 in both (so zeros on both sides cannot pass)."""
+    """Both tools' figures within :data:`POINTS`; the busy job over :data:`BUSY_FLOOR` CPU and
+    over half its memory, the idle one near 0 in both (so zeros on both sides cannot pass)."""
     assert abs(theirs[0] - ours[0]) <= POINTS and abs(theirs[1] - ours[1]) <= POINTS, \
         (name, theirs, ours)
     if name == "busy":
-        assert ours[0] >= 80 and ours[1] >= 45, ours
+        assert ours[0] >= BUSY_FLOOR and ours[1] >= 45, ours
     else:
         assert ours[0] <= 5 and ours[1] <= 5, ours
 
