@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 # pytest puts this directory on sys.path (rootdir-relative, no package).
-from test_hostlab import HOSTLAB, SKIP, _run, mark_converged, run_on
+from test_hostlab import HOSTLAB, HOSTS, RECAP, SKIP, _run, main_pids, mark_converged, run_on
 from test_hostlab_life import converge, make_with, wait_for
 from test_hostlab_pyhpc_backup import PYHPC, ok
 
@@ -89,10 +89,11 @@ def restored() -> dict[str, Any]:
     wait_for("the long job running", lambda: ok("login", "squeue", "-h", "-j", running,
                                                   "-o", "%T").strip() == "RUNNING", 60)
     taken = json.loads(ok("db", PYHPC, "admin", "backup", "now", "--json"))
+    pids = main_pids()
     mark_converged(None)
     remove_db()
     try:
-        return _outage_and_restore(started, taken, before, running)
+        return {**_outage_and_restore(started, taken, before, running), "pids_before": pids}
     except BaseException:
         # The next module's deploy would hold slurmdbd again: restore what can be.
         if run_on("db", "test", "-e", HOLD).returncode == 0:
@@ -108,6 +109,7 @@ def _outage_and_restore(started: float, taken: dict[str, Any], before: list[str]
     in_queue = queued()
     make_with("hostlab-up", release="bookworm")
     deployed, deploy_s = make_with("hostlab-deploy", release="bookworm")
+    pids = main_pids()
     held = {"active": run_on("db", "systemctl", "is-active", "slurmdbd").stdout.strip(),
             "enabled": run_on("db", "systemctl", "is-enabled", "slurmdbd").stdout.strip(),
             "mark": run_on("db", "test", "-e", HOLD).returncode == 0,
@@ -122,7 +124,7 @@ def _outage_and_restore(started: float, taken: dict[str, Any], before: list[str]
                "records_arrived_s": round(arrived_s, 1),
                "wall_s": round(time.monotonic() - started, 1)}
     print(f"test_hostlab_pyhpc_restore: {json.dumps(figures)}")
-    return {"backup": taken, "deployed": deployed, "held": held, "done": done,
+    return {"backup": taken, "deployed": deployed, "pids_after": pids, "held": held, "done": done,
             "before": before, "running": running, "outage": outage, "figures": figures}
 
 
@@ -137,6 +139,18 @@ def test_the_new_dbs_deploy_holds_slurmdbd_and_says_what_to_do(restored: dict[st
             "keeps the records of the jobs that ended meanwhile): run `pyhpc admin restore` on "
             "db; to start it empty instead, deploy with -e slurm_dbd_start_empty=true")
     assert line in re.sub(r"\s+", " ", restored["deployed"]), restored["deployed"][-3000:]
+
+
+def test_the_new_dbs_deploy_changes_nothing_on_the_other_hosts_and_restarts_none_of_their_daemons(
+        restored: dict[str, Any]) -> None:
+    """A host replaced disturbs no other: for them the deploy is a second deploy, which
+    changes nothing and restarts nothing (the deploy's idempotence on hosts)."""
+    recap = {m[0]: m[2] for m in RECAP.findall(restored["deployed"])}
+    others = [host for host in HOSTS if host != "db"]
+    assert {host: recap.get(host) for host in others} == dict.fromkeys(others, "0"), recap
+    kept = {unit: pid for unit, pid in restored["pids_before"].items() if not unit.startswith("db/")}
+    assert all(pid not in ("", "0") for pid in kept.values()), kept
+    assert {unit: restored["pids_after"][unit] for unit in kept} == kept
 
 
 def test_the_restore_releases_slurmdbd_and_every_queued_record_arrives(
