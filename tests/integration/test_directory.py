@@ -36,8 +36,9 @@ def sh(*argv: str, check: bool = True, timeout: int = 180) -> subprocess.Complet
     return proc
 
 
-def as_user(user: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return sh("su", "-", user, "-c", command, check=check)
+def as_user(user: str, command: str, check: bool = True,
+            timeout: int = 180) -> subprocess.CompletedProcess[str]:
+    return sh("su", "-", user, "-c", command, check=check, timeout=timeout)
 
 
 def lab_directory() -> cluster.Directory:
